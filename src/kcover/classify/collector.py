@@ -1,0 +1,100 @@
+"""Gathering hits into faults: deduplicated, counted, attributed to a rank and node.
+
+A flood of identical lines (800,000 Xid lines is a real report) must not become
+800,000 faults.  :class:`FaultCollector` keys each hit by source, rule and the
+line with its digits masked; repeats only raise a counter.  Per source and rule
+at most :data:`MAX_DISTINCT` distinct lines are kept, later ones are counted on
+the last kept one, so memory stays bounded whatever the input.
+
+Rank and node come from the line itself when it says (``[rank3]:``, an NCCL
+host prefix) and otherwise from the source (a file named ``rank3.log`` in a
+folder ``node-2/``, or the worker the launcher started).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+
+from kcover.classify.matcher import Hit
+from kcover.classify.rules import Rule
+from kcover.collect.lines import evidence_text
+from kcover.faults import Evidence, Fault
+
+MAX_DISTINCT = 20
+_DIGITS = re.compile(r"\d+")
+
+
+@dataclass(frozen=True)
+class SourceInfo:
+    """Where a stream of lines comes from: its name and, when known, rank and node."""
+
+    name: str
+    rank: int | None = None
+    node: str | None = None
+
+
+def fault_from_rule(rule: Rule, evidence: Evidence, count: int = 1) -> Fault:
+    """A :class:`Fault` for ``rule`` seen as ``evidence``."""
+    spec = rule.spec
+    return Fault(
+        rule=spec.id,
+        category=spec.category,
+        severity=spec.severity,
+        retriable=spec.retriable,
+        node_at_fault=spec.node_at_fault,
+        role=spec.role,
+        priority=spec.priority,
+        title=spec.title,
+        remediation=spec.remediation.strip(),
+        evidence=evidence,
+        count=count,
+    )
+
+
+class FaultCollector:
+    """Accumulates the faults of one job, in the order they were first seen."""
+
+    def __init__(self) -> None:
+        self._faults: dict[tuple[str, str, str], Fault] = {}
+        self._distinct: dict[tuple[str, str], int] = {}
+        self._last_key: dict[tuple[str, str], tuple[str, str, str]] = {}
+
+    def add_hit(self, source: SourceInfo, hit: Hit) -> Fault | None:
+        """Record one hit; returns the new fault, or ``None`` when it only raised a count."""
+        line = hit.line
+        evidence = Evidence(
+            source=source.name,
+            line=evidence_text(line.text),
+            line_number=hit.line_number,
+            timestamp=line.timestamp,
+            rank=line.rank if line.rank is not None else source.rank,
+            node=source.node or line.node,
+        )
+        return self.add(hit.rule, evidence, _DIGITS.sub("#", line.text[:500]))
+
+    def add(self, rule: Rule, evidence: Evidence, shape: str | None = None) -> Fault | None:
+        """Record a fault seen as ``evidence``; repeats of the same shape are counted."""
+        group = (evidence.source, rule.id)
+        key = (evidence.source, rule.id, shape if shape is not None else evidence.line)
+        known = self._faults.get(key)
+        if known is None and self._distinct.get(group, 0) >= MAX_DISTINCT:
+            key = self._last_key[group]
+            known = self._faults[key]
+        if known is not None:
+            self._faults[key] = replace(known, count=known.count + 1)
+            return None
+        fault = fault_from_rule(rule, evidence)
+        self._faults[key] = fault
+        self._distinct[group] = self._distinct.get(group, 0) + 1
+        self._last_key[group] = key
+        return fault
+
+    def extend(self, faults: Iterable[Fault]) -> None:
+        for fault in faults:
+            self._faults[(fault.evidence.source, fault.rule, fault.evidence.line)] = fault
+
+    @property
+    def faults(self) -> list[Fault]:
+        return list(self._faults.values())

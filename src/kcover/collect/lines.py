@@ -1,0 +1,118 @@
+"""Turning raw log bytes into clean blocks and lines, whatever the input looks like.
+
+Logs arrive as bytes of any quality: CRLF endings, ``\\r`` progress bars, ANSI
+colour codes, NUL bytes, invalid UTF-8, lines of 100 MB, CRI container-log
+prefixes, launcher prefixes such as ``[rank3]:``.  :func:`read_blocks` yields
+blocks of whole lines (about 1 MiB each) with carriage returns turned into line
+breaks and colour codes and NULs removed, so patterns see the text a person
+would see; a line longer than :data:`MAX_LINE_BYTES` is cut into pieces so
+memory stays bounded.  :func:`parse_line` decodes one line and lifts out what
+it says about itself: timestamp, rank, host.
+
+Used by the scanner for files, pipes and live worker output alike.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import BinaryIO
+
+BLOCK_BYTES = 1 << 20
+MAX_LINE_BYTES = 1 << 20
+EVIDENCE_CHARS = 2000
+
+_ANSI = re.compile(rb"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
+_CRI = re.compile(r"^(\d{4}-\d\d-\d\dT[\d:.]+(?:Z|[+-]\d\d:\d\d)) (?:stdout|stderr) [FP] ?")
+_LAUNCHER = re.compile(
+    r"^(?:\[rank(?P<rank>\d+)\]:\s?|\[default(?P<local>\d+)\]:\s?|\[\d+,(?P<mpi>\d+)\]<std\w+>:\s?)"
+)
+_TIMESTAMP = re.compile(
+    r"^\[?(\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?)\]?"
+    r"|^\[\s*(\d+\.\d+)\]"
+)
+_NCCL_HOST = re.compile(r"(?:^|\s)([A-Za-z0-9][\w.\-]*):\d+:\d+ \[\d+\] NCCL")
+_RANK_IN_TEXT = re.compile(r"\[(?:PG [^\]]*?)?Rank (\d+)\]|\brank[ =:]\s?(\d+)\b", re.IGNORECASE)
+
+
+def clean_block(block: bytes) -> bytes:
+    """Normalise line breaks and drop colour codes and NULs (cheap when absent)."""
+    if b"\r" in block:
+        block = block.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+    if b"\x1b" in block:
+        block = _ANSI.sub(b"", block)
+    if b"\x00" in block:
+        block = block.replace(b"\x00", b"")
+    return block
+
+
+def read_blocks(stream: BinaryIO, block_bytes: int = BLOCK_BYTES) -> Iterator[bytes]:
+    """Yield cleaned blocks that end on a line break (the last one may not).
+
+    A line longer than :data:`MAX_LINE_BYTES` is yielded in pieces, each ending
+    with an added line break, so no single line is ever held whole in memory.
+    """
+    carry = b""
+    while True:
+        data = stream.read(block_bytes)
+        if not data:
+            break
+        data = carry + data
+        cut = max(data.rfind(b"\n"), data.rfind(b"\r"))
+        if cut < 0:
+            if len(data) >= MAX_LINE_BYTES:
+                yield clean_block(data[:MAX_LINE_BYTES]) + b"\n"
+                carry = data[MAX_LINE_BYTES:]
+            else:
+                carry = data
+            continue
+        carry = data[cut + 1 :]
+        yield clean_block(data[: cut + 1])
+    if carry:
+        yield clean_block(carry)
+
+
+@dataclass(frozen=True)
+class LogLine:
+    """One decoded line and what it says about where it came from."""
+
+    text: str
+    timestamp: str | None = None
+    rank: int | None = None
+    node: str | None = None
+
+
+def parse_line(raw: bytes) -> LogLine:
+    """Decode a line and strip CRI and launcher prefixes, keeping what they tell."""
+    text = raw.decode("utf-8", errors="replace").rstrip("\n")
+    timestamp = None
+    cri = _CRI.match(text)
+    if cri:
+        timestamp = cri.group(1)
+        text = text[cri.end() :]
+    rank = None
+    launcher = _LAUNCHER.match(text)
+    if launcher:
+        found = launcher.group("rank") or launcher.group("mpi")
+        rank = int(found) if found else None
+        text = text[launcher.end() :]
+    if timestamp is None:
+        stamp = _TIMESTAMP.match(text)
+        if stamp:
+            timestamp = stamp.group(1) or stamp.group(2)
+    if rank is None:
+        in_text = _RANK_IN_TEXT.search(text)
+        if in_text:
+            rank = int(in_text.group(1) or in_text.group(2))
+    host = _NCCL_HOST.search(text)
+    return LogLine(text=text, timestamp=timestamp, rank=rank, node=host.group(1) if host else None)
+
+
+def evidence_text(text: str, around: int | None = None) -> str:
+    """The line as kept in evidence: whole when short, else a window around ``around``."""
+    if len(text) <= EVIDENCE_CHARS:
+        return text
+    centre = around if around is not None else 0
+    start = max(0, min(centre - EVIDENCE_CHARS // 2, len(text) - EVIDENCE_CHARS))
+    return f"…{text[start:start + EVIDENCE_CHARS]}… [{len(text)} chars]"

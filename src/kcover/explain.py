@@ -1,0 +1,77 @@
+"""``explain``: from log text or log files to a verdict, the library's front door.
+
+``kcover.explain(text)`` classifies a string or lines; :func:`explain_paths`
+reads files and folders of per-rank logs; :func:`scan_stream` is the streaming
+core both use (and the launcher uses for live worker output).  Memory stays
+bounded on any input: blocks of about 1 MiB are scanned and only the lines the
+engine flags are ever decoded.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterable, Sequence
+from functools import lru_cache
+from pathlib import Path
+from typing import BinaryIO
+
+from kcover.classify.attribution import attribute
+from kcover.classify.collector import FaultCollector, SourceInfo
+from kcover.classify.matcher import Matcher
+from kcover.collect.lines import read_blocks
+from kcover.collect.sources import find_sources
+from kcover.faults import Verdict
+
+
+@lru_cache(maxsize=4)
+def default_matcher(catalogs: tuple[str, ...] = (), engine: str = "auto") -> Matcher:
+    """The shipped catalog (plus user catalogs), compiled once per process."""
+    return Matcher.default(catalogs, engine=engine)
+
+
+def scan_stream(
+    matcher: Matcher, stream: BinaryIO, source: SourceInfo, collector: FaultCollector
+) -> int:
+    """Scan a byte stream to its end into ``collector``; returns the number of lines read."""
+    lines = 0
+    for block in read_blocks(stream):
+        for hit in matcher.scan_block(block, lines + 1):
+            collector.add_hit(source, hit)
+        lines += block.count(b"\n")
+    return lines
+
+
+def _as_bytes(text_or_lines: str | bytes | Iterable[str]) -> bytes:
+    if isinstance(text_or_lines, bytes):
+        return text_or_lines
+    if isinstance(text_or_lines, str):
+        return text_or_lines.encode("utf-8", errors="surrogateescape")
+    return "\n".join(line.rstrip("\n") for line in text_or_lines).encode("utf-8", errors="surrogateescape")
+
+
+def explain(
+    text_or_lines: str | bytes | Iterable[str],
+    *,
+    source: str = "<input>",
+    catalogs: Sequence[str] = (),
+    matcher: Matcher | None = None,
+) -> Verdict:
+    """The verdict for one log text (a string, bytes, or an iterable of lines)."""
+    matcher = matcher or default_matcher(tuple(catalogs))
+    collector = FaultCollector()
+    scan_stream(matcher, io.BytesIO(_as_bytes(text_or_lines)), SourceInfo(name=source), collector)
+    return attribute(collector.faults)
+
+
+def explain_paths(paths: Sequence[Path], *, matcher: Matcher | None = None) -> Verdict:
+    """The verdict for a job whose logs are these files and folders (one source per file)."""
+    matcher = matcher or default_matcher()
+    sources, warnings = find_sources(list(paths))
+    collector = FaultCollector()
+    for source in sources:
+        try:
+            with source.path.open("rb") as stream:
+                scan_stream(matcher, stream, source.info, collector)
+        except OSError as exc:
+            warnings.append(f"{source.path}: cannot read ({exc.strerror or exc}), skipped")
+    return attribute(collector.faults, warnings)
