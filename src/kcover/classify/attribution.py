@@ -10,8 +10,8 @@ once flagged 77 nodes).  The rules here are few and explicit:
 2. A fault whose rule is a *root* candidate beats any *cascade* symptom; among
    roots the highest rule priority wins (hardware over software over user code,
    as set in the catalog), then the earliest observation.
-3. The implicated ranks and nodes are those that show a root fault of the same
-   category; cascade reporters are never blamed.  Nodes are named for exclusion
+3. The implicated ranks and nodes are those that show the root fault's rule;
+   cascade reporters are never blamed.  Nodes are named for exclusion
    only when the root rule says the node is at fault.
 4. With only cascade symptoms, the earliest of highest priority stands as the
    root, and nobody is blamed.
@@ -73,9 +73,7 @@ def attribute(faults: Sequence[Fault], warnings: Sequence[str] = ()) -> Verdict:
             reason=f"only cascade symptoms seen ({root.title}); the rank that failed first left no sign",
             warnings=tuple(warnings),
         )
-    implicated = [
-        fault for fault, _ in fatal if fault.role is Role.ROOT and fault.category is root.category
-    ]
+    implicated = [fault for fault, _ in fatal if fault.rule == root.rule]
     ranks = sorted(_unique(fault.rank for fault in implicated))
     nodes = _unique(fault.node for fault in implicated if fault.node_at_fault)
     where = f" on {', '.join(nodes)}" if nodes else (f" on rank {ranks[0]}" if len(ranks) == 1 else "")

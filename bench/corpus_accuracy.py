@@ -1,0 +1,146 @@
+"""Accuracy of the classifier on the labelled corpus in ``tests/corpus``: per-category precision/recall.
+
+Prints, for every category, precision and recall of ``explain(text).category``
+against the label, the false-alarm rate on benign excerpts, the recall of
+``gpu_hardware`` and the precision of ``node_at_fault``; also the accuracy of
+the multi-rank scenarios (category, action, blamed ranks).  Run:
+
+    python -m bench.corpus_accuracy [--show-misses]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from kcover.explain import explain, explain_paths
+from kcover.faults import Category
+
+CORPUS = Path(__file__).resolve().parent.parent / "tests" / "corpus"
+
+
+@dataclass(frozen=True)
+class Excerpt:
+    id: str
+    category: str | None
+    node_at_fault: bool | None
+    text: str
+
+
+def load_excerpts(corpus: Path = CORPUS) -> list[Excerpt]:
+    excerpts = []
+    for path in sorted(corpus.glob("*.yaml")):
+        for entry in yaml.safe_load(path.read_text()) or []:
+            excerpts.append(
+                Excerpt(entry["id"], entry.get("category"), entry.get("node_at_fault"), entry["text"])
+            )
+    return excerpts
+
+
+@dataclass
+class Scores:
+    fatal_accuracy: float
+    false_alarm_rate: float
+    gpu_hardware_recall: float
+    node_precision: float
+    per_category: dict[str, tuple[float, float, int]]
+    misses: list[str]
+
+
+def score(excerpts: list[Excerpt]) -> Scores:
+    true_pos: Counter[str] = Counter()
+    predicted: Counter[str] = Counter()
+    actual: Counter[str] = Counter()
+    fatal_right = fatal_total = benign_alarms = benign_total = 0
+    node_said = node_right = 0
+    misses = []
+    for excerpt in excerpts:
+        verdict = explain(excerpt.text)
+        got = verdict.category.value if verdict.category else None
+        if got:
+            predicted[got] += 1
+        if excerpt.category is None:
+            benign_total += 1
+            if got is not None:
+                benign_alarms += 1
+                misses.append(f"{excerpt.id}: benign, got {got} ({verdict.rule})")
+            continue
+        actual[excerpt.category] += 1
+        fatal_total += 1
+        if got == excerpt.category:
+            fatal_right += 1
+            true_pos[got] += 1
+        else:
+            misses.append(f"{excerpt.id}: want {excerpt.category}, got {got} ({verdict.rule})")
+        if verdict.node_at_fault:
+            node_said += 1
+            node_right += excerpt.node_at_fault is True
+            if excerpt.node_at_fault is not True:
+                misses.append(f"{excerpt.id}: node_at_fault said, label {excerpt.node_at_fault}")
+    per_category = {}
+    for category in Category:
+        name = category.value
+        precision = true_pos[name] / predicted[name] if predicted[name] else float("nan")
+        recall = true_pos[name] / actual[name] if actual[name] else float("nan")
+        per_category[name] = (precision, recall, actual[name])
+    gpu = per_category["gpu_hardware"][1]
+    return Scores(
+        fatal_accuracy=fatal_right / max(fatal_total, 1),
+        false_alarm_rate=benign_alarms / max(benign_total, 1),
+        gpu_hardware_recall=gpu,
+        node_precision=node_right / node_said if node_said else 1.0,
+        per_category=per_category,
+        misses=misses,
+    )
+
+
+def score_scenarios(corpus: Path = CORPUS / "multirank") -> tuple[int, int, list[str]]:
+    right = 0
+    problems = []
+    folders = sorted(p for p in corpus.iterdir() if p.is_dir()) if corpus.is_dir() else []
+    for folder in folders:
+        label = yaml.safe_load((folder / "scenario.yaml").read_text())
+        logs = [p for p in sorted(folder.iterdir()) if p.name != "scenario.yaml"]
+        verdict = explain_paths(logs)
+        got = (verdict.category.value if verdict.category else None, verdict.action.value)
+        want = (label.get("category"), label.get("action"))
+        ranks_ok = sorted(label.get("blamed_ranks") or []) == sorted(verdict.ranks) or not label.get(
+            "blamed_ranks"
+        )
+        if got == want and ranks_ok:
+            right += 1
+        else:
+            problems.append(f"{folder.name}: want {want} ranks {label.get('blamed_ranks')}, "
+                            f"got {got} ranks {list(verdict.ranks)} ({verdict.rule})")
+    return right, len(folders), problems
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--show-misses", action="store_true")
+    args = parser.parse_args()
+    excerpts = load_excerpts()
+    scores = score(excerpts)
+    print(f"{len(excerpts)} excerpts")
+    print(f"{'category':26} {'precision':>9} {'recall':>7} {'n':>4}")
+    for name, (precision, recall, count) in scores.per_category.items():
+        print(f"{name:26} {precision:9.2f} {recall:7.2f} {count:4d}")
+    print(f"fatal category accuracy : {scores.fatal_accuracy:.3f}  (target >= 0.85)")
+    print(f"benign false-alarm rate : {scores.false_alarm_rate:.3f}  (target <= 0.05)")
+    print(f"gpu_hardware recall     : {scores.gpu_hardware_recall:.3f}  (target >= 0.95)")
+    print(f"node_at_fault precision : {scores.node_precision:.3f}  (target >= 0.90)")
+    right, total, problems = score_scenarios()
+    print(f"multi-rank scenarios    : {right}/{total}")
+    if args.show_misses:
+        for line in scores.misses + problems:
+            print("  miss:", line)
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
