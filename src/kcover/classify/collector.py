@@ -14,7 +14,6 @@ folder ``node-2/``, or the worker the launcher started).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from kcover.classify.matcher import Hit
@@ -58,12 +57,17 @@ class FaultCollector:
 
     def __init__(self) -> None:
         self._faults: dict[tuple[str, str, str], Fault] = {}
+        self._counts: dict[tuple[str, str, str], int] = {}
         self._distinct: dict[tuple[str, str], int] = {}
         self._last_key: dict[tuple[str, str], tuple[str, str, str]] = {}
 
     def add_hit(self, source: SourceInfo, hit: Hit) -> Fault | None:
         """Record one hit; returns the new fault, or ``None`` when it only raised a count."""
         line = hit.line
+        key = (source.name, hit.rule.id, _DIGITS.sub("#", line.text[:500]))
+        if key in self._counts:
+            self._counts[key] += 1
+            return None
         evidence = Evidence(
             source=source.name,
             line=evidence_text(line.text),
@@ -72,29 +76,28 @@ class FaultCollector:
             rank=line.rank if line.rank is not None else source.rank,
             node=source.node or line.node,
         )
-        return self.add(hit.rule, evidence, _DIGITS.sub("#", line.text[:500]))
+        return self.add(hit.rule, evidence, key[2])
 
     def add(self, rule: Rule, evidence: Evidence, shape: str | None = None) -> Fault | None:
         """Record a fault seen as ``evidence``; repeats of the same shape are counted."""
         group = (evidence.source, rule.id)
         key = (evidence.source, rule.id, shape if shape is not None else evidence.line)
-        known = self._faults.get(key)
-        if known is None and self._distinct.get(group, 0) >= MAX_DISTINCT:
+        if key not in self._counts and self._distinct.get(group, 0) >= MAX_DISTINCT:
             key = self._last_key[group]
-            known = self._faults[key]
-        if known is not None:
-            self._faults[key] = replace(known, count=known.count + 1)
+        if key in self._counts:
+            self._counts[key] += 1
             return None
         fault = fault_from_rule(rule, evidence)
         self._faults[key] = fault
+        self._counts[key] = 1
         self._distinct[group] = self._distinct.get(group, 0) + 1
         self._last_key[group] = key
         return fault
 
-    def extend(self, faults: Iterable[Fault]) -> None:
-        for fault in faults:
-            self._faults[(fault.evidence.source, fault.rule, fault.evidence.line)] = fault
-
     @property
     def faults(self) -> list[Fault]:
-        return list(self._faults.values())
+        """Every distinct fault with its repeat count, in first-seen order."""
+        return [
+            replace(fault, count=self._counts[key]) if self._counts[key] != fault.count else fault
+            for key, fault in self._faults.items()
+        ]

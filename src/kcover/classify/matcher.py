@@ -17,7 +17,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-from kcover.classify.engine import Engine, make_engine
+from kcover.classify.engine import ALL_RULES, Engine, make_engine
 from kcover.classify.rules import Rule, load_catalog_files, shipped_catalog_files
 from kcover.collect.lines import LogLine, parse_line
 
@@ -44,7 +44,8 @@ class Matcher:
         self.rules = tuple(rules)
         self._line_rules = tuple(rule for rule in self.rules if rule.spec.patterns)
         self.engine: Engine = make_engine(self._line_rules, engine)
-        self._cache: OrderedDict[str, Rule | None] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, frozenset[int]], Rule | None] = OrderedDict()
+        self._everything = frozenset(range(len(self._line_rules)))
 
     @classmethod
     def default(cls, extra_catalogs: Iterable[str] = (), engine: str = "auto") -> Matcher:
@@ -54,15 +55,19 @@ class Matcher:
         files = shipped_catalog_files() + [Path(p) for p in extra_catalogs]
         return cls(load_catalog_files(files), engine=engine)
 
-    def classify_text(self, text: str) -> Rule | None:
-        """The winning rule for one already-decoded line, or ``None`` for a benign line."""
-        key = _LEADING_STAMP.sub("", text, count=1)
+    def classify_text(self, text: str, candidates: frozenset[int] | None = None) -> Rule | None:
+        """The winning rule for one decoded line, or ``None`` for a benign line.
+
+        ``candidates`` narrows the rules tried to those the engine flagged.
+        """
+        key = (_LEADING_STAMP.sub("", text, count=1), candidates or self._everything)
         cache = self._cache
         if key in cache:
             cache.move_to_end(key)
             return cache[key]
         best: Rule | None = None
-        for rule in self._line_rules:
+        for index in sorted(key[1]):
+            rule = self._line_rules[index]
             if (best is None or rule.spec.priority > best.spec.priority) and rule.matches(text):
                 best = rule
         cache[key] = best
@@ -77,12 +82,11 @@ class Matcher:
             return
         line_number = first_line
         counted_to = 0
-        last_start = -1
-        for end in offsets:
+        lines: dict[int, set[int]] = {}
+        for end, rule_index in offsets:
             start = block.rfind(b"\n", 0, max(end - 1, 0)) + 1
-            if start == last_start:
-                continue
-            last_start = start
+            lines.setdefault(start, set()).add(rule_index)
+        for start, rules in lines.items():
             line_number += block.count(b"\n", counted_to, start)
             counted_to = start
             stop = block.find(b"\n", start)
@@ -90,9 +94,10 @@ class Matcher:
             if _is_traceback_code(block, start, raw):
                 continue
             line = parse_line(raw)
-            rule = self.classify_text(line.text)
-            if rule is not None:
-                yield Hit(line_number=line_number, line=line, rule=rule)
+            candidates = None if ALL_RULES in rules else frozenset(rules)
+            winner = self.classify_text(line.text, candidates)
+            if winner is not None:
+                yield Hit(line_number=line_number, line=line, rule=winner)
 
 
 def _is_traceback_code(block: bytes, start: int, raw: bytes) -> bool:

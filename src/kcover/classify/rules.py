@@ -27,6 +27,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from kcover.faults import Action, Category, Role, Severity
 
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
 
 class CatalogError(ValueError):
     """A catalog file cannot be used; the message names the file, rule and field."""
@@ -125,7 +127,7 @@ def _describe(error: ValidationError, source: str, rule_id: str) -> str:
 def parse_catalog(text: str, source: str) -> list[Rule]:
     """Parse one catalog file's text; raise :class:`CatalogError` naming what is wrong."""
     try:
-        document = yaml.safe_load(text)
+        document = yaml.load(text, Loader=_LOADER)
     except yaml.YAMLError as exc:
         raise CatalogError(f"{source}: not valid YAML: {exc}") from None
     if not isinstance(document, dict) or not isinstance(document.get("rules"), list):

@@ -1,14 +1,18 @@
-"""Rendering verdicts for people: a compact rich table plus the verdict in a few lines.
+"""Rendering verdicts for people: one table row per rule, then the verdict in a few lines.
 
-Colour only on a terminal (rich decides); plain text in pipes and files.
+Faults of the same rule are folded into one row ("7 ranks on 4 nodes"), roots
+first, so a 1,000-rank cascade still reads in one screen.  Colour only on a
+terminal (rich decides); plain text in pipes and files.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from rich.console import Console
 from rich.table import Table
 
-from kcover.faults import Action, Role, Verdict
+from kcover.faults import Action, Fault, Role, Verdict
 
 _ACTION_STYLE = {
     Action.NONE: "green",
@@ -16,43 +20,70 @@ _ACTION_STYLE = {
     Action.RESTART_EXCLUDING_NODES: "bold yellow",
     Action.FAIL: "bold red",
 }
-MAX_ROWS = 30
+MAX_ROWS = 20
+
+
+def _where(faults: Sequence[Fault]) -> str:
+    ranks = sorted({f.rank for f in faults if f.rank is not None})
+    nodes = sorted({f.node for f in faults if f.node})
+    sources = {f.evidence.source for f in faults}
+    if len(ranks) == 1:
+        text = f"rank {ranks[0]}"
+    elif ranks:
+        text = f"{len(ranks)} ranks"
+    else:
+        text = next(iter(sources)) if len(sources) == 1 else f"{len(sources)} logs"
+    if len(nodes) == 1:
+        text += f" ({nodes[0]})"
+    elif nodes:
+        text += f" on {len(nodes)} nodes"
+    return text
+
+
+def _grouped(verdict: Verdict) -> list[list[Fault]]:
+    groups: dict[str, list[Fault]] = {}
+    for fault in verdict.faults:
+        groups.setdefault(fault.rule, []).append(fault)
+    root_rule = verdict.rule
+    return sorted(
+        groups.values(),
+        key=lambda g: (g[0].rule != root_rule, g[0].role is not Role.ROOT, -g[0].priority),
+    )
 
 
 def print_verdict(verdict: Verdict, console: Console | None = None) -> None:
-    console = console or Console(highlight=False, soft_wrap=False)
+    console = console or Console(highlight=False)
     if verdict.faults:
-        table = Table(title=f"{len(verdict.faults)} distinct fault(s)", title_justify="left")
-        for column in ("where", "line", "category", "rule", "role", "count", "evidence"):
-            table.add_column(column, overflow="fold" if column == "evidence" else "ellipsis")
-        for fault in verdict.faults[:MAX_ROWS]:
-            where = fault.evidence.source
-            if fault.rank is not None:
-                where += f" rank {fault.rank}"
-            if fault.node:
-                where += f" ({fault.node})"
-            marker = "[bold]" if fault is verdict.root else ""
+        table = Table(box=None, header_style="bold", pad_edge=False, expand=True)
+        table.add_column("role", no_wrap=True, min_width=7)
+        table.add_column("category", no_wrap=True, min_width=14)
+        table.add_column("rule", no_wrap=True, min_width=14)
+        table.add_column("where", no_wrap=True, min_width=10)
+        table.add_column("count", justify="right", no_wrap=True)
+        table.add_column("first line", no_wrap=True, overflow="ellipsis", ratio=1)
+        groups = _grouped(verdict)
+        for group in groups[:MAX_ROWS]:
+            first = group[0]
+            is_root = first.rule == verdict.rule
+            role = "ROOT" if is_root else first.role.value
+            style = "bold red" if is_root else ("" if first.role is Role.ROOT else "dim")
             table.add_row(
-                where,
-                str(fault.evidence.line_number or ""),
-                f"{marker}{fault.category.value}",
-                fault.rule,
-                "root" if fault.role is Role.ROOT else "cascade",
-                str(fault.count),
-                fault.evidence.line[:160],
+                role, first.category.value, first.rule, _where(group),
+                str(sum(f.count for f in group)), first.evidence.line, style=style,
             )
-        if len(verdict.faults) > MAX_ROWS:
-            table.caption = f"… {len(verdict.faults) - MAX_ROWS} more (use --json for all)"
         console.print(table)
-    style = _ACTION_STYLE[verdict.action]
+        if len(groups) > MAX_ROWS:
+            console.print(f"… {len(groups) - MAX_ROWS} more rules (use --json for all)")
+        console.print()
     if verdict.root is None:
         console.print("[green]verdict:[/] no fault found — action [bold]none[/]")
         return
     root = verdict.root
-    console.print(f"[bold]root cause:[/] {root.category.value} — {verdict.reason}")
+    style = _ACTION_STYLE[verdict.action]
+    console.print(f"[bold]root cause:[/]  {root.category.value} — {verdict.reason}")
     if verdict.nodes:
-        console.print(f"[bold]blamed nodes:[/] {', '.join(verdict.nodes)}")
+        console.print(f"[bold]blamed node:[/] {', '.join(verdict.nodes)}")
     if verdict.ranks:
-        console.print(f"[bold]ranks:[/] {', '.join(map(str, verdict.ranks))}")
-    console.print(f"[bold]action:[/] [{style}]{verdict.action.value}[/]")
-    console.print(f"[bold]what to do:[/] {root.remediation}")
+        console.print(f"[bold]ranks:[/]       {', '.join(map(str, verdict.ranks))}")
+    console.print(f"[bold]action:[/]      [{style}]{verdict.action.value}[/]")
+    console.print(f"[bold]what to do:[/]  {root.remediation}")

@@ -79,7 +79,10 @@ def _walk(root: Path, warnings: list[str]) -> list[Path]:
         folders[:] = sorted(name for name in folders if not name.startswith("."))
         for name in sorted(files):
             path = Path(folder) / name
-            if name.startswith(".") or not path.is_file():
+            if name.startswith("."):
+                continue
+            if not path.is_file():
+                warnings.append(f"{path}: not a regular file (broken link, pipe or socket), skipped")
                 continue
             if not os.access(path, os.R_OK):
                 warnings.append(f"{path}: not readable, skipped")

@@ -1,0 +1,36 @@
+# The two quick-start commands live here: `make demo` and `make test`.
+# Both create the virtual environment on first use and reinstall when pyproject.toml changes.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
+
+.PHONY: setup demo test lint typecheck unit bench
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+demo: setup
+	@$(BIN)/kcover explain examples/xid79-job; status=$$?; test $$status -le 1
+
+lint: setup
+	$(BIN)/ruff check src tests bench
+
+typecheck: setup
+	$(BIN)/mypy
+
+unit: setup
+	$(BIN)/pytest
+
+test: lint typecheck unit
+
+bench: setup
+	$(BIN)/python -m bench.corpus_accuracy
+	$(BIN)/python -m bench.scan_throughput
+	$(BIN)/python -m bench.scan_memory

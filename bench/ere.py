@@ -1,0 +1,80 @@
+"""Translating catalog patterns (Python regex) into POSIX ERE for GNU ``grep -E -f``.
+
+Only for the scanning benchmark's baseline: grep must search for the same
+patterns as kcover.  Case-insensitive rules become ``[xX]`` classes (grep has no
+per-pattern flag), ``(?:`` becomes ``(``, ``\\d`` becomes ``[0-9]``, and
+look-ahead groups, which ERE lacks, are dropped (grep then searches a superset).
+"""
+
+from __future__ import annotations
+
+from kcover.classify.rules import Rule
+
+_CLASS_ESCAPES = {"d": "[0-9]", "D": "[^0-9]"}
+
+
+def _skip_group(pattern: str, start: int) -> int:
+    """Index just past the group that opens at ``start`` (balanced parentheses)."""
+    depth = 0
+    index = start
+    while index < len(pattern):
+        char = pattern[index]
+        if char == "\\":
+            index += 2
+            continue
+        if char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+            if depth == 0:
+                return index + 1
+        index += 1
+    return index
+
+
+def to_ere(pattern: str, ignore_case: bool) -> str:
+    out: list[str] = []
+    index = 0
+    in_class = False
+    while index < len(pattern):
+        char = pattern[index]
+        if char == "\\" and index + 1 < len(pattern):
+            nxt = pattern[index + 1]
+            if nxt in _CLASS_ESCAPES and not in_class:
+                out.append(_CLASS_ESCAPES[nxt])
+            elif nxt == "d" and in_class:
+                out.append("0-9")
+            elif nxt in "-\"'":
+                out.append(nxt)
+            elif nxt == "s" and in_class:
+                out.append("[:space:]")
+            elif nxt.isalpha() and ignore_case and nxt not in "bBsSwW" and not in_class:
+                out.append(f"\\{nxt}")
+            else:
+                out.append(char + nxt)
+            index += 2
+            continue
+        if not in_class and pattern.startswith("(?:", index):
+            out.append("(")
+            index += 3
+            continue
+        if not in_class and pattern.startswith("(?!", index):
+            index = _skip_group(pattern, index)
+            continue
+        if char == "[" and not in_class:
+            in_class = True
+        elif char == "]" and in_class and out and out[-1] != "[":
+            in_class = False
+        if ignore_case and char.isalpha():
+            if in_class:
+                out.append(char.lower() + char.upper())
+            else:
+                out.append(f"[{char.lower()}{char.upper()}]")
+        else:
+            out.append(char)
+        index += 1
+    return "".join(out)
+
+
+def catalog_to_ere(rules: list[Rule]) -> list[str]:
+    return [to_ere(p, r.spec.ignore_case) for r in rules for p in r.spec.patterns]
