@@ -8,6 +8,7 @@ which prints the per-category table.
 from __future__ import annotations
 
 from bench.corpus_accuracy import CORPUS, load_excerpts, score, score_scenarios
+
 from kcover.faults import Category
 
 

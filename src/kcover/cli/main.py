@@ -12,7 +12,7 @@ import sys
 import typer
 
 from kcover.classify.rules import CatalogError
-from kcover.cli import explain_cmd
+from kcover.cli import explain_cmd, run_cmd
 
 app = typer.Typer(
     name="kcover",
@@ -22,6 +22,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.command("explain")(explain_cmd.explain)
+app.command("run", context_settings={"allow_interspersed_args": False})(run_cmd.run)
 
 
 @app.callback()

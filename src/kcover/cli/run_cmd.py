@@ -1,0 +1,66 @@
+"""``kcover run``: supervise a distributed training command and recover it by itself.
+
+Worker output goes to per-rank logs under the state dir and (unless ``--quiet``)
+to stderr prefixed ``[rankN]:``; kcover's own events go to stderr; with
+``--json`` stdout carries exactly one JSON object at exit.  Exit code 0 only
+when the job finally succeeded; 1 when it failed; 130 when interrupted; 2 on a
+usage error (nothing started).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kcover.decide.policy import RecoveryPolicy
+from kcover.launcher.inject import InjectError, parse_injections
+from kcover.launcher.reporting import print_summary, run_document
+from kcover.launcher.spec import RunSpec, SpecError
+from kcover.launcher.supervisor import Supervisor
+from kcover.launcher.workers import LaunchError
+
+
+def run(
+    command: Annotated[list[str], typer.Argument(help="The training command, after `--`.")],
+    nproc_per_node: Annotated[int, typer.Option(help="Worker processes per node.")] = 1,
+    nnodes: Annotated[int, typer.Option(help="Nodes to simulate on this machine (named node-0 …).")] = 1,
+    spare_nodes: Annotated[int, typer.Option(help="Standby nodes that replace an excluded one.")] = 0,
+    min_nodes: Annotated[int | None, typer.Option(help="Allow shrinking to this many nodes when none is spare.")]
+    = None,
+    max_restarts: Annotated[int, typer.Option(help="Retry budget.")] = 3,
+    user_code_retries: Annotated[int, typer.Option(help="Retries for deterministic user errors.")] = 1,
+    backoff: Annotated[float, typer.Option(help="Backoff before the 2nd restart (doubles, max 60 s).")] = 1.0,
+    state_dir: Annotated[Path, typer.Option(help="Logs, evidence and the run database.")] = Path(".kcover"),
+    hang_timeout: Annotated[float | None, typer.Option(help="Seconds without progress = hung (default: learned).")]
+    = None,
+    startup_timeout: Annotated[float, typer.Option(help="Seconds allowed before the first step.")] = 900.0,
+    grace_period: Annotated[float, typer.Option(help="Seconds between SIGTERM and SIGKILL.")] = 10.0,
+    inject: Annotated[list[str] | None, typer.Option(help="Fault to inject, KIND@TARGET[:step=N|:after=S].")]
+    = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout at exit.")] = False,
+    quiet: Annotated[bool, typer.Option(help="Do not echo worker output to stderr.")] = False,
+) -> None:
+    """Run a training command as N×P workers and recover it from faults by itself."""
+    try:
+        injections = parse_injections(",".join([os.environ.get("KCOVER_INJECT", ""), *(inject or [])]))
+        spec = RunSpec(
+            command=tuple(command), nproc_per_node=nproc_per_node, nnodes=nnodes, spare_nodes=spare_nodes,
+            state_dir=state_dir,
+            policy=RecoveryPolicy(max_restarts=max_restarts, user_code_retries=user_code_retries,
+                                  backoff_initial=backoff, min_nodes=min_nodes),
+            hang_timeout=hang_timeout, startup_timeout=startup_timeout, grace_period=grace_period,
+            injections=tuple(injections), echo=not quiet,
+        )
+        supervisor = Supervisor(spec)
+        result = supervisor.run()
+    except (SpecError, InjectError, LaunchError) as exc:
+        typer.echo(f"kcover: {exc}", err=True)
+        raise typer.Exit(2) from None
+    print_summary(result)
+    if as_json:
+        typer.echo(json.dumps(run_document(result), indent=2))
+    raise typer.Exit(result.exit_code)

@@ -1,0 +1,133 @@
+"""What to do after an attempt failed: the pure recovery policy.
+
+:func:`decide` takes the policy, what happened before, and how this attempt
+ended (its verdict, where it hung, which nodes it ran on), and returns a
+:class:`Decision`: restart after a backoff delay (possibly on other nodes), or
+fail with a one-line reason.  No I/O, no clock: the same function serves the
+local launcher and the Kubernetes operator, and tests drive it exhaustively.
+
+The rules, in order:
+
+1. The retry budget (``max_restarts``) is never exceeded.
+2. A fault that a restart cannot fix (``retriable: false``) fails the job at
+   once, except ``user_code``, which gets ``user_code_retries`` retries (one by
+   default) in case it was a fluke.
+3. A hang at the same step as an earlier hang is deterministic: fail.
+4. When the verdict blames nodes, they are excluded; each is replaced by a
+   spare, or the job shrinks if ``min_nodes`` allows, or the job fails.
+5. Otherwise restart: the first restart at once, then after
+   ``backoff_initial × backoff_factor^(restarts - 1)`` seconds (capped at ``backoff_max``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+
+from kcover.faults import Action, Category, Verdict
+
+
+@dataclass(frozen=True)
+class RecoveryPolicy:
+    """The knobs of recovery (all have safe defaults)."""
+
+    max_restarts: int = 3
+    user_code_retries: int = 1
+    backoff_initial: float = 1.0
+    backoff_factor: float = 2.0
+    backoff_max: float = 60.0
+    exclude_nodes: bool = True
+    min_nodes: int | None = None
+
+
+@dataclass(frozen=True)
+class AttemptEnd:
+    """How one attempt ended: the input of :func:`decide`."""
+
+    verdict: Verdict
+    nodes: tuple[str, ...]
+    hung_at_step: int | None = None
+
+
+@dataclass(frozen=True)
+class PastFailure:
+    category: Category | None
+    rule: str | None
+    hung_at_step: int | None
+
+
+@dataclass(frozen=True)
+class RecoveryState:
+    """What recovery remembers between attempts."""
+
+    restarts: int = 0
+    failures: tuple[PastFailure, ...] = ()
+    excluded: tuple[str, ...] = ()
+    spares: tuple[str, ...] = ()
+
+
+class DecisionKind(StrEnum):
+    RESTART = "restart"
+    FAIL = "fail"
+
+
+@dataclass(frozen=True)
+class Decision:
+    kind: DecisionKind
+    reason: str
+    delay: float = 0.0
+    nodes: tuple[str, ...] = ()
+    excluded: tuple[str, ...] = field(default=())
+
+
+def backoff(policy: RecoveryPolicy, restarts: int) -> float:
+    """Seconds to wait before restart number ``restarts + 1``: the first is immediate."""
+    if restarts == 0:
+        return 0.0
+    return float(min(policy.backoff_max, policy.backoff_initial * policy.backoff_factor ** (restarts - 1)))
+
+
+def decide(policy: RecoveryPolicy, state: RecoveryState, end: AttemptEnd) -> tuple[Decision, RecoveryState]:
+    """The decision after a failed attempt, and the state to remember for the next one."""
+    verdict = end.verdict
+    failure = PastFailure(verdict.category, verdict.rule, end.hung_at_step)
+    remembered = replace(state, failures=(*state.failures, failure))
+    what = verdict.reason or "the attempt failed"
+
+    def fail(reason: str) -> tuple[Decision, RecoveryState]:
+        return Decision(DecisionKind.FAIL, reason, nodes=end.nodes), remembered
+
+    if state.restarts >= policy.max_restarts:
+        return fail(f"retry budget exhausted after {state.restarts} restart(s); last: {what}")
+    if verdict.action is Action.FAIL:
+        if verdict.category is not Category.USER_CODE:
+            return fail(f"not retriable: {what}")
+        earlier = sum(1 for f in state.failures if f.category is Category.USER_CODE)
+        if earlier >= policy.user_code_retries:
+            return fail(f"deterministic user error, seen {earlier + 1} times: {what}")
+    if end.hung_at_step is not None and any(f.hung_at_step == end.hung_at_step for f in state.failures):
+        return fail(f"hang recurred at step {end.hung_at_step}: deterministic, not retrying")
+    nodes, spares, excluded = list(end.nodes), list(state.spares), list(state.excluded)
+    newly: list[str] = []
+    if verdict.action is Action.RESTART_EXCLUDING_NODES and policy.exclude_nodes:
+        for bad in verdict.nodes:
+            if bad not in nodes:
+                continue
+            newly.append(bad)
+            excluded.append(bad)
+            if spares:
+                nodes[nodes.index(bad)] = spares.pop(0)
+            else:
+                nodes.remove(bad)
+        floor = policy.min_nodes if policy.min_nodes is not None else len(end.nodes)
+        if len(nodes) < max(floor, 1):
+            return fail(f"no healthy node left to replace {', '.join(newly)} (need {floor}); {what}")
+    delay = backoff(policy, state.restarts)
+    reason = f"restart {state.restarts + 1}/{policy.max_restarts} in {delay:g}s: {what}"
+    if newly:
+        reason += f"; excluding {', '.join(newly)}"
+    decision = Decision(DecisionKind.RESTART, reason, delay=delay, nodes=tuple(nodes), excluded=tuple(newly))
+    new_state = replace(
+        remembered, restarts=state.restarts + 1, excluded=tuple(excluded), spares=tuple(spares)
+    )
+    return decision, new_state

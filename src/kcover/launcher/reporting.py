@@ -1,0 +1,186 @@
+"""What a run tells people: live events, the final summary table, the ``--json`` document, ETTR.
+
+A :class:`Reporter` receives events as they happen (the console reporter prints
+one line each to stderr; the demo draws a live panel).  :class:`AttemptRecord`
+and :class:`RunResult` hold what the summary and the JSON need.
+
+ETTR (effective training time ratio) = productive time ÷ wall time.  An
+attempt's productive time is from its first reported step to its last complete
+checkpoint (work after that checkpoint is lost and redone) — or to its end, for
+the attempt that succeeds.  Start-up, detection, shutdown, backoff and restart
+are unproductive.  Without checkpoint reports, a failed attempt counts as lost.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TextIO
+
+from kcover.faults import Fault, Verdict
+from kcover.report import fault_to_dict
+
+
+class Reporter(Protocol):
+    def event(self, kind: str, text: str) -> None: ...
+
+    def progress(self, rank: int, step: int) -> None: ...
+
+
+class ConsoleReporter:
+    """One line per event on stderr, prefixed with the run's elapsed time."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self.stream = stream or sys.stderr
+        self.began = time.monotonic()
+
+    def event(self, kind: str, text: str) -> None:
+        elapsed = time.monotonic() - self.began
+        print(f"kcover [{elapsed:7.1f}s] {kind:>9}: {text}", file=self.stream, flush=True)
+
+    def progress(self, rank: int, step: int) -> None:
+        return None
+
+
+@dataclass
+class AttemptRecord:
+    number: int
+    nodes: tuple[str, ...]
+    started: float
+    launched: float | None = None
+    first_progress: float | None = None
+    last_checkpoint: float | None = None
+    first_fault: float | None = None
+    first_fault_wall: float | None = None
+    stop_began: float | None = None
+    ended: float | None = None
+    max_step: int | None = None
+    outcome: str = "running"
+    verdict: Verdict | None = None
+    decision: str = ""
+    reason: str = ""
+
+    def productive(self) -> float:
+        if self.first_progress is None or self.ended is None:
+            return 0.0
+        if self.outcome == "succeeded":
+            return self.ended - self.first_progress
+        if self.last_checkpoint is not None:
+            return max(0.0, self.last_checkpoint - self.first_progress)
+        return 0.0
+
+
+@dataclass
+class RunResult:
+    status: str
+    started: float
+    ended: float
+    attempts: list[AttemptRecord] = field(default_factory=list)
+    excluded: tuple[str, ...] = ()
+    reason: str = ""
+    state_dir: str = ""
+
+    @property
+    def restarts(self) -> int:
+        return max(0, len(self.attempts) - 1)
+
+    @property
+    def wall(self) -> float:
+        return self.ended - self.started
+
+    @property
+    def ettr(self) -> float:
+        return sum(a.productive() for a in self.attempts) / self.wall if self.wall > 0 else 0.0
+
+    @property
+    def root(self) -> Fault | None:
+        for attempt in reversed(self.attempts):
+            if attempt.verdict is not None and attempt.verdict.root is not None and attempt.outcome != "succeeded":
+                return attempt.verdict.root
+        return None
+
+    @property
+    def exit_code(self) -> int:
+        return {"succeeded": 0, "interrupted": 130}.get(self.status, 1)
+
+
+def run_document(result: RunResult) -> dict[str, Any]:
+    """The one JSON object ``kcover run --json`` prints at exit."""
+    root = result.root
+    faults = []
+    for attempt in result.attempts:
+        for fault in attempt.verdict.faults if attempt.verdict else ():
+            faults.append({"attempt": attempt.number, **fault_to_dict(fault)})
+    return {
+        "status": result.status,
+        "restarts": result.restarts,
+        "reason": result.reason,
+        "root_cause": {"category": root.category.value, "rule": root.rule, "node": root.node, "rank": root.rank}
+        if root else None,
+        "excluded_nodes": list(result.excluded),
+        "ettr": round(result.ettr, 4),
+        "faults": faults,
+        "attempts": [_attempt_document(a) for a in result.attempts],
+        "timings": {
+            "wall_seconds": round(result.wall, 3),
+            "productive_seconds": round(sum(a.productive() for a in result.attempts), 3),
+            "lost_seconds": round(result.wall - sum(a.productive() for a in result.attempts), 3),
+        },
+        "state_dir": result.state_dir,
+    }
+
+
+def _attempt_document(attempt: AttemptRecord) -> dict[str, Any]:
+    def since_start(moment: float | None) -> float | None:
+        return None if moment is None else round(moment - attempt.started, 3)
+
+    verdict = attempt.verdict
+    return {
+        "number": attempt.number,
+        "nodes": list(attempt.nodes),
+        "outcome": attempt.outcome,
+        "max_step": attempt.max_step,
+        "root_cause": None if verdict is None or verdict.root is None else {
+            "category": verdict.root.category.value, "rule": verdict.root.rule,
+            "nodes": list(verdict.nodes), "ranks": list(verdict.ranks), "action": verdict.action.value,
+        },
+        "decision": attempt.decision,
+        "reason": attempt.reason,
+        "timings": {
+            "launch_seconds": since_start(attempt.launched),
+            "first_progress_seconds": since_start(attempt.first_progress),
+            "first_fault_seconds": since_start(attempt.first_fault),
+            "first_fault_epoch": attempt.first_fault_wall,
+            "stop_seconds": None if attempt.stop_began is None or attempt.ended is None
+            else round(attempt.ended - attempt.stop_began, 3),
+            "duration_seconds": since_start(attempt.ended),
+            "productive_seconds": round(attempt.productive(), 3),
+        },
+    }
+
+
+def print_summary(result: RunResult, stream: TextIO | None = None) -> None:
+    """The table shown at exit: attempts, root causes, time lost, ETTR."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(file=stream or sys.stderr, highlight=False)
+    table = Table(title=f"kcover run: {result.status}", title_justify="left", box=None, header_style="bold")
+    for column in ("attempt", "nodes", "outcome", "steps", "root cause", "decision"):
+        table.add_column(column, overflow="fold")
+    for attempt in result.attempts:
+        root = attempt.verdict.root if attempt.verdict else None
+        cause = "" if root is None else f"{root.category.value} ({root.rule})"
+        if attempt.verdict and attempt.verdict.nodes:
+            cause += f" on {', '.join(attempt.verdict.nodes)}"
+        table.add_row(str(attempt.number), ", ".join(attempt.nodes), attempt.outcome,
+                      "" if attempt.max_step is None else str(attempt.max_step), cause, attempt.decision)
+    console.print(table)
+    lost = result.wall - sum(a.productive() for a in result.attempts)
+    console.print(
+        f"restarts {result.restarts} · excluded {', '.join(result.excluded) or 'none'} · wall {result.wall:.1f}s · "
+        f"lost {lost:.1f}s · [bold]ETTR {result.ettr:.2f}[/]"
+    )
+    if result.reason:
+        console.print(f"reason: {result.reason}")

@@ -1,0 +1,112 @@
+"""What ``kcover run`` was asked to do, checked before anything starts.
+
+:class:`RunSpec` holds the command and the options; :func:`validate` refuses a
+command that cannot run or a state dir that cannot be written, with a message
+naming it (exit 2, nothing started).  :func:`worker_specs` lays the ranks out
+on simulated nodes and builds each worker's environment: the variables
+``torchrun`` sets, so an unchanged torchrun script runs, plus ``KCOVER_*``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kcover.decide.policy import RecoveryPolicy
+from kcover.launcher.inject import Injection
+from kcover.launcher.workers import WorkerSpec
+
+
+class SpecError(ValueError):
+    """A user mistake in the run's command or options; the message names it."""
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    command: tuple[str, ...]
+    nproc_per_node: int = 1
+    nnodes: int = 1
+    spare_nodes: int = 0
+    state_dir: Path = Path(".kcover")
+    policy: RecoveryPolicy = field(default_factory=RecoveryPolicy)
+    hang_timeout: float | None = None
+    startup_timeout: float = 900.0
+    grace_period: float = 10.0
+    settle: float = 1.0
+    injections: tuple[Injection, ...] = ()
+    echo: bool = True
+    master_port: int | None = None
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc_per_node * self.nnodes
+
+    def node_names(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """Active nodes and spare nodes: ``node-0 …`` then the spares."""
+        names = tuple(f"node-{i}" for i in range(self.nnodes + self.spare_nodes))
+        return names[: self.nnodes], names[self.nnodes :]
+
+
+def validate(spec: RunSpec) -> None:
+    if not spec.command:
+        raise SpecError("no command given: kcover run [OPTIONS] -- COMMAND [ARGS…]")
+    program = spec.command[0]
+    if os.sep in program:
+        if not Path(program).is_file():
+            raise SpecError(f"command not found: {program}")
+        if not os.access(program, os.X_OK):
+            raise SpecError(f"command is not executable: {program}")
+    elif shutil.which(program) is None:
+        raise SpecError(f"command not found on PATH: {program}")
+    if spec.nproc_per_node < 1 or spec.nnodes < 1 or spec.spare_nodes < 0:
+        raise SpecError("--nproc-per-node and --nnodes must be ≥ 1, --spare-nodes ≥ 0")
+    try:
+        spec.state_dir.mkdir(parents=True, exist_ok=True)
+        probe = spec.state_dir / f".write-test-{os.getpid()}"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise SpecError(f"state dir {spec.state_dir} is not writable: {exc.strerror or exc}") from None
+    for injection in spec.injections:
+        target = injection.target
+        if target.startswith("rank") and int(target[4:]) >= spec.world_size:
+            raise SpecError(f"injection target {target} is outside the world size {spec.world_size}")
+        if target.startswith("node-") and target not in sum(spec.node_names(), ()):
+            raise SpecError(f"injection target {target} is not one of the nodes {', '.join(sum(spec.node_names(), ()))}")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def worker_specs(
+    spec: RunSpec, nodes: Sequence[str], attempt: int, restarts: int, master_port: int, attempt_dir: Path
+) -> list[WorkerSpec]:
+    """One spec per rank, ranks laid out node by node."""
+    world = spec.nproc_per_node * len(nodes)
+    specs = []
+    for group_rank, node in enumerate(nodes):
+        for local_rank in range(spec.nproc_per_node):
+            rank = group_rank * spec.nproc_per_node + local_rank
+            env = dict(os.environ)
+            env.update({
+                "RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(world),
+                "LOCAL_WORLD_SIZE": str(spec.nproc_per_node), "GROUP_RANK": str(group_rank),
+                "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world), "NODE_RANK": str(group_rank),
+                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port),
+                "TORCHELASTIC_RESTART_COUNT": str(restarts), "TORCHELASTIC_MAX_RESTARTS": str(spec.policy.max_restarts),
+                "TORCHELASTIC_RUN_ID": f"kcover-{attempt}", "PYTHONUNBUFFERED": "1",
+                "KCOVER_RANK": str(rank), "KCOVER_NODE": node, "KCOVER_ATTEMPT": str(attempt),
+                "KCOVER_RESTART_COUNT": str(restarts), "KCOVER_STATE_DIR": str(spec.state_dir.resolve()),
+                "KCOVER_CHECKPOINT_DIR": str((spec.state_dir / "checkpoints").resolve()),
+                "KCOVER_ERROR_FILE": str((attempt_dir / f"error-rank{rank}.json").resolve()),
+                "TORCHELASTIC_ERROR_FILE": str((attempt_dir / f"error-rank{rank}.json").resolve()),
+            })
+            specs.append(WorkerSpec(rank, local_rank, node, group_rank, spec.command, env))
+    return specs
