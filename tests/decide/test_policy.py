@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kcover import Action, explain
-from kcover.decide.lifecycle import IllegalTransition, JobPhase, Lifecycle
+from kcover.decide.lifecycle import IllegalTransitionError, JobPhase, Lifecycle
 from kcover.decide.policy import (
     AttemptEnd,
     DecisionKind,
@@ -118,10 +118,10 @@ def test_lifecycle_refuses_illegal_moves() -> None:
     life.move(JobPhase.STOPPING, 2.0)
     life.move(JobPhase.BACKOFF, 3.0)
     life.move(JobPhase.STARTING, 4.0)
-    with pytest.raises(IllegalTransition):
+    with pytest.raises(IllegalTransitionError):
         life.move(JobPhase.BACKOFF, 5.0)
     life.move(JobPhase.RUNNING, 5.0)
     life.move(JobPhase.SUCCEEDED, 6.0)
     assert life.finished
-    with pytest.raises(IllegalTransition):
+    with pytest.raises(IllegalTransitionError):
         life.move(JobPhase.RUNNING, 7.0)

@@ -3,7 +3,7 @@
 A job moves through ``starting → running → stopping → backoff → starting …``
 until it ends ``succeeded``, ``failed`` or ``interrupted``.  Every move is
 checked against :data:`ALLOWED`; an illegal one raises
-:class:`IllegalTransition` instead of silently corrupting the run, so a bug in
+:class:`IllegalTransitionError` instead of silently corrupting the run, so a bug in
 a supervisor shows up at once rather than as a restart loop.
 """
 
@@ -35,7 +35,7 @@ ALLOWED: dict[JobPhase, frozenset[JobPhase]] = {
 }
 
 
-class IllegalTransition(RuntimeError):
+class IllegalTransitionError(RuntimeError):
     """A move the lifecycle does not allow (a bug in the caller, never a user error)."""
 
 
@@ -48,7 +48,7 @@ class Lifecycle:
 
     def move(self, to: JobPhase, now: float) -> None:
         if to not in ALLOWED[self.phase]:
-            raise IllegalTransition(f"cannot go from {self.phase} to {to}")
+            raise IllegalTransitionError(f"cannot go from {self.phase} to {to}")
         self.phase = to
         self.history.append((to, now))
 

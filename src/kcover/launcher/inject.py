@@ -61,7 +61,9 @@ def parse_injections(text: str) -> list[Injection]:
     for part in filter(None, (p.strip() for p in text.split(","))):
         match = _SPEC.match(part)
         if not match:
-            raise InjectError(f"bad injection {part!r}: expected KIND@TARGET[:step=N|:after=S], e.g. xid79@node-1:step=10")
+            raise InjectError(
+                f"bad injection {part!r}: expected KIND@TARGET[:step=N|:after=S], e.g. xid79@node-1:step=10"
+            )
         try:
             kind = InjectKind(match["kind"])
         except ValueError:

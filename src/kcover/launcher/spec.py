@@ -36,7 +36,7 @@ class RunSpec:
     hang_timeout: float | None = None
     startup_timeout: float = 900.0
     grace_period: float = 10.0
-    settle: float = 1.0
+    settle: float = 0.5
     injections: tuple[Injection, ...] = ()
     echo: bool = True
     master_port: int | None = None
@@ -71,12 +71,13 @@ def validate(spec: RunSpec) -> None:
         probe.unlink()
     except OSError as exc:
         raise SpecError(f"state dir {spec.state_dir} is not writable: {exc.strerror or exc}") from None
+    all_nodes = sum(spec.node_names(), ())
     for injection in spec.injections:
         target = injection.target
         if target.startswith("rank") and int(target[4:]) >= spec.world_size:
             raise SpecError(f"injection target {target} is outside the world size {spec.world_size}")
-        if target.startswith("node-") and target not in sum(spec.node_names(), ()):
-            raise SpecError(f"injection target {target} is not one of the nodes {', '.join(sum(spec.node_names(), ()))}")
+        if target.startswith("node-") and target not in all_nodes:
+            raise SpecError(f"injection target {target} is not one of the nodes {', '.join(all_nodes)}")
 
 
 def free_port() -> int:

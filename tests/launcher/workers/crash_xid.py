@@ -8,7 +8,8 @@ for step in range(3):
     print(f"step {step} loss 1.0", flush=True)
     time.sleep(0.05)
 if rank == 1 and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
-    print("NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=python, GPU has fallen off the bus.", file=sys.stderr, flush=True)
+    xid = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=python, GPU has fallen off the bus."
+    print(xid, file=sys.stderr, flush=True)
     print("RuntimeError: CUDA error: unspecified launch failure", file=sys.stderr, flush=True)
     sys.exit(1)
 if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
