@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	touch $@
 
 demo: setup
-	@$(BIN)/kcover explain examples/xid79-job; status=$$?; test $$status -le 1
+	$(BIN)/kcover demo
 
 lint: setup
 	$(BIN)/ruff check src tests bench

@@ -165,6 +165,7 @@ def test_corrupt_state_database_is_moved_aside(tmp_path: Path) -> None:
     (state / "keep.txt").write_text("mine")
     code, doc, stderr = run(tmp_path, "ok.py")
     assert code == 0
+    assert doc["status"] == "succeeded"
     assert "was unreadable" in stderr
     assert len(list(state.glob("kcover.db.corrupt-*"))) == 1
     assert (state / "keep.txt").read_text() == "mine"

@@ -12,7 +12,7 @@ import sys
 import typer
 
 from kcover.classify.rules import CatalogError
-from kcover.cli import explain_cmd, history_cmd, run_cmd
+from kcover.cli import demo_cmd, explain_cmd, history_cmd, run_cmd
 
 app = typer.Typer(
     name="kcover",
@@ -24,6 +24,7 @@ app = typer.Typer(
 app.command("explain")(explain_cmd.explain)
 app.command("run", context_settings={"allow_interspersed_args": False})(run_cmd.run)
 app.command("history")(history_cmd.history)
+app.command("demo")(demo_cmd.demo)
 
 
 @app.callback()

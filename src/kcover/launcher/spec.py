@@ -36,7 +36,7 @@ class RunSpec:
     hang_timeout: float | None = None
     startup_timeout: float = 900.0
     grace_period: float = 10.0
-    settle: float = 0.5
+    settle: float = 0.2
     injections: tuple[Injection, ...] = ()
     echo: bool = True
     master_port: int | None = None

@@ -1,0 +1,1 @@
+"""``kcover demo``: a real DDP training recovered from injected faults, shown live."""
