@@ -5,7 +5,7 @@ the output pump, the fault collector, the hang detector, the injections due —
 and ends with an :class:`~kcover.launcher.reporting.AttemptRecord` whose verdict
 says why it ended.  It ends when all workers exit 0 (``succeeded``), after a
 fatal fault or abnormal exit plus ``settle`` seconds for the other ranks'
-evidence (``failed``), when no progress came for the hang timeout (``hung``:
+evidence unless the failing worker already exited (``failed``), when no progress came for the hang timeout (``hung``:
 stacks captured first), or when kcover is asked to stop (``interrupted``).
 """
 
@@ -35,6 +35,8 @@ from kcover.launcher.spec import RunSpec, free_port, worker_specs
 from kcover.launcher.workers import Worker, WorkerGroup, start_worker
 
 TICK = 0.05
+ROUND = 0.025
+"""Shortest watch round: output arriving faster is read in batches (fewer, larger reads)."""
 
 
 class Attempt:
@@ -87,7 +89,9 @@ class Attempt:
 
     def _watch(self, pump: OutputPump, group: WorkerGroup, hang: HangDetector,
                stop_requested: Callable[[], bool]) -> str:
+        crashed = False
         while True:
+            round_began = time.monotonic()
             for seen in pump.pump(TICK):
                 if isinstance(seen, ProgressSeen):
                     self._on_progress(hang, seen)
@@ -96,6 +100,7 @@ class Attempt:
             for ended in group.poll():
                 if ended.exit_code != 0 and ended.rank not in self.killed_by_injection:
                     self.trigger = self.trigger or time.monotonic()
+                    crashed = True
                     self.reporter.event("exit", f"rank {ended.rank} ({ended.node}) exited with {ended.exit_code}")
             self._inject(group)
             now = time.monotonic()
@@ -103,11 +108,12 @@ class Attempt:
                 return "interrupted"
             if not group.running and all(w.exit_code == 0 for w in group.workers):
                 return "succeeded"
-            if self.trigger is not None and now - self.trigger >= self.spec.settle:
+            if crashed or (self.trigger is not None and now - self.trigger >= self.spec.settle):
                 return "failed"
             if self.trigger is None and hang.is_hung(now):
                 self._on_hang(hang, group, now)
                 return "hung"
+            time.sleep(max(0.0, round_began + ROUND - time.monotonic()))
 
     def _wind_down(self, pump: OutputPump, group: WorkerGroup, hang: HangDetector) -> None:
         self.record.stop_began = time.monotonic()

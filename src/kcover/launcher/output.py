@@ -29,8 +29,11 @@ from kcover.collect.lines import MAX_LINE_BYTES, clean_block
 from kcover.faults import Fault
 from kcover.launcher.workers import Worker
 
-_STEP = re.compile(rb"(?i)\b(?:global_step|step|iteration|iter)\b\s*[:=#]?\s*(\d+)")
+_STEP_AT = re.compile(rb"(?:step|iteration|iter)\s*[:=#]?\s*(\d+)")
+_WORDS = (b"step", b"iter")
 READ_BYTES = 1 << 16
+STEP_WINDOW = 4096
+FLUSH_SECONDS = 0.5
 
 
 @dataclass(frozen=True)
@@ -60,11 +63,20 @@ class _Stream:
 class RankLog:
     """The log file of one rank and the line count the matcher needs."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, source: SourceInfo) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
+        self.source = source
         self.path = path
         self.file = path.open("ab")
         self.lines = 0
+        self.flushed = 0.0
+
+    def write(self, block: bytes, now: float) -> None:
+        """Append; flushed at most every :data:`FLUSH_SECONDS` (and at close)."""
+        self.file.write(block)
+        if now - self.flushed >= FLUSH_SECONDS:
+            self.file.flush()
+            self.flushed = now
 
 
 class OutputPump:
@@ -82,7 +94,8 @@ class OutputPump:
         self.bytes_read = 0
 
     def add(self, worker: Worker) -> None:
-        self.logs[worker.rank] = RankLog(self.log_dir / f"rank{worker.rank}.log")
+        source = SourceInfo(name=f"rank{worker.rank}", rank=worker.rank, node=worker.node)
+        self.logs[worker.rank] = RankLog(self.log_dir / f"rank{worker.rank}.log", source)
         for kind, fd in (("out", worker.process.stdout), ("err", worker.process.stderr)):
             if fd is not None:
                 os.set_blocking(fd.fileno(), False)
@@ -141,28 +154,47 @@ class OutputPump:
 
     def _lines(self, worker: Worker, block: bytes, now: float) -> Iterator[Event]:
         log = self.logs[worker.rank]
-        log.file.write(block)
-        log.file.flush()
+        log.write(block, now)
         if self.echo is not None:
             prefix = f"[rank{worker.rank}]: ".encode()
             lines = block.rstrip(b"\n").split(b"\n")
             self.echo.write(b"".join(prefix + line + b"\n" for line in lines))
             self.echo.flush()
         cleaned = clean_block(block)
-        source = SourceInfo(name=f"rank{worker.rank}", rank=worker.rank, node=worker.node)
         for hit in self.matcher.scan_block(cleaned, log.lines + 1):
-            fault = self.collector.add_hit(source, hit)
+            fault = self.collector.add_hit(log.source, hit)
             if fault is not None:
                 yield FaultSeen(fault, now)
         log.lines += cleaned.count(b"\n")
-        steps = _STEP.findall(cleaned)
-        if steps:
-            yield ProgressSeen(worker.rank, int(steps[-1]), now)
+        step = last_step(cleaned)
+        if step is not None:
+            yield ProgressSeen(worker.rank, step, now)
 
     def close(self) -> None:
         self.selector.close()
         for log in self.logs.values():
             log.file.close()
+
+
+def last_step(block: bytes) -> int | None:
+    """The last step number a block of log names (``step 12``, ``iteration 12/500``, ``global_step=12``).
+
+    Searched backwards from the end of the block with ``rfind`` (the newest step
+    is nearly always in the last line), so a busy log costs microseconds.
+    """
+    window = block[-STEP_WINDOW:].lower()
+    end = len(window)
+    while end > 0:
+        position = max(window.rfind(word, 0, end) for word in _WORDS)
+        if position < 0:
+            return None
+        before = window[position - 1 : position]
+        if not before.isalnum() or window[max(0, position - 7) : position] == b"global_":
+            match = _STEP_AT.match(window, position)
+            if match:
+                return int(match.group(1))
+        end = position
+    return None
 
 
 def _progress_events(rank: int, block: bytes, now: float) -> Iterator[ProgressSeen]:
