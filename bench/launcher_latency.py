@@ -112,7 +112,8 @@ def main() -> None:
     print(f"detection latency  p50 {statistics.median(ours) * ms:6.1f} ms  p99 {percentile(ours, 0.99) * ms:6.1f} ms"
           f"   (plain pipe reader p99 {percentile(floor, 0.99) * ms:.1f} ms; target p99 <= 100 ms)")
     print(f"restart latency    kcover {ours_restart:.2f} s  torchrun {torchrun_restart:.2f} s"
-          f"  ratio {ours_restart / torchrun_restart:.2f}  (failure -> all {args.nproc} workers relaunched; target <= 1.0)")
+          f"  ratio {ours_restart / torchrun_restart:.2f}"
+          f"  (failure -> all {args.nproc} workers relaunched; target <= 1.0)")
     print(f"hang detection     {late:+.2f} s after the hang timeout (target <= +5 s; NCCL's default timeout is 600 s)")
 
 

@@ -10,6 +10,7 @@ children excluded, and its RSS).  The baseline, from the same run, is the CPU th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import subprocess
 import sys
@@ -48,10 +49,8 @@ def main() -> None:
             peak_rss = max(peak_rss, me.memory_info().rss)
             cpu_end = me.cpu_times()
             for pid, worker in workers.items():
-                try:
+                with contextlib.suppress(psutil.Error):
                     worker_end[pid] = worker.cpu_times()
-                except psutil.Error:
-                    pass
             time.sleep(0.2)
         window = time.monotonic() - began
         process.wait(timeout=120)

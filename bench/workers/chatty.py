@@ -5,7 +5,7 @@ import time
 
 rate = float(os.environ.get("LINES_PER_SECOND", "1250"))
 seconds = float(os.environ.get("SECONDS_TO_RUN", "10"))
-line = "[2024-05-01 10:00:00,123] [INFO] [trainer.py:612] iteration {i}/250000 | lm loss: 2.114E+00 | grad norm: 0.412\n"
+line = "[2024-05-01 10:00:00,123] [INFO] [trainer.py:612] iteration {i}/250000 | lm loss: 2.114E+00 | grad norm: 0.4\n"
 began = time.monotonic()
 i = 0
 batch = max(1, int(rate / 100))
