@@ -53,7 +53,7 @@ def hack_dir(start: Path | None = None) -> Path:
 
 def _k8s_version(hack: Path) -> str:
     text = (hack / "k8s" / "go.mod").read_text()
-    match = re.search(r"^\s*k8s\.io/kubernetes\s+(v\S+)\s*$", text, re.MULTILINE)
+    match = re.search(r"^\s*k8s\.io/kubernetes\s+(v\S+)", text, re.MULTILINE)
     if not match:
         raise ValueError(f"no k8s.io/kubernetes requirement in {hack / 'k8s' / 'go.mod'}")
     return match.group(1)
