@@ -37,7 +37,13 @@ def test_dead_component_reports_its_last_log_lines(tmp_path: Path) -> None:
 
 
 def test_stopped_component_is_not_reported_dead(tmp_path: Path) -> None:
-    comp = Component("sleeper", [sys.executable, "-c", "import time; time.sleep(60)"], tmp_path / "s.log", {}, tmp_path)
+    comp = Component(
+        "sleeper",
+        [sys.executable, "-c", "import time; time.sleep(60)"],
+        tmp_path / "s.log",
+        {},
+        tmp_path,
+    )
     comp.start()
     assert comp.alive()
     comp.stop(timeout=5)
@@ -60,7 +66,9 @@ time.sleep(60)
 """
 
 
-def test_port_in_use_is_retried_on_another_port(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_port_in_use_is_retried_on_another_port(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
     taken.listen()
@@ -92,8 +100,12 @@ def test_component_that_fails_to_start_names_itself(tmp_path: Path) -> None:
     harness = TestCluster(Binaries(tmp_path / "cache"), tmp_path / "work")
     harness._files = _Files(tmp_path / "work")
     script = "print('error: unknown flag --bogus'); raise SystemExit(2)"
-    with pytest.raises(ClusterStartError, match=r"'broken' exited with status 2(.|\n)*unknown flag --bogus"):
-        harness._launch("broken", lambda p: [sys.executable, "-c", script], lambda p: False, timeout=10)
+    with pytest.raises(
+        ClusterStartError, match=r"'broken' exited with status 2(.|\n)*unknown flag --bogus"
+    ):
+        harness._launch(
+            "broken", lambda p: [sys.executable, "-c", script], lambda p: False, timeout=10
+        )
     harness.stop()
 
 
@@ -102,21 +114,31 @@ def test_missing_binaries_say_how_to_build_them(tmp_path: Path) -> None:
     with pytest.raises(BinariesMissing, match="hack/test-cluster/build"):
         binaries.require()
     (tmp_path / "unavailable").mkdir()
-    (tmp_path / "unavailable" / "jobset.txt").write_text("go build of sigs.k8s.io/jobset failed:\nboom\n")
+    (tmp_path / "unavailable" / "jobset.txt").write_text(
+        "go build of sigs.k8s.io/jobset failed:\nboom\n"
+    )
     assert "boom" in binaries.why_missing("jobset")
     assert "not built" in binaries.why_missing("helm")
 
 
 def test_cri_log_lines_and_layout(tmp_path: Path) -> None:
     path = write_container_log(
-        tmp_path, "ns", "pod-0", "uid-1", "trainer", ["hello", LogLine("oops", "stderr"), "y" * 10], max_record=4
+        tmp_path,
+        "ns",
+        "pod-0",
+        "uid-1",
+        "trainer",
+        ["hello", LogLine("oops", "stderr"), "y" * 10],
+        max_record=4,
     )
     assert path == tmp_path / "ns_pod-0_uid-1" / "trainer" / "0.log"
     records = [line.split(" ", 3) for line in path.read_text().splitlines()]
     assert [r[1:] for r in records[:2]] == [["stdout", "P", "hell"], ["stdout", "F", "o"]]
     assert records[2][1:] == ["stderr", "F", "oops"]
     assert [r[2] for r in records[3:]] == ["P", "P", "F"]
-    assert all(r[0].endswith("Z") and len(r[0]) == len("2024-01-01T00:00:00.000000000Z") for r in records)
+    assert all(
+        r[0].endswith("Z") and len(r[0]) == len("2024-01-01T00:00:00.000000000Z") for r in records
+    )
     times = [r[0] for r in records]
     assert times == sorted(times)
 

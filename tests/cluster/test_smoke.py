@@ -19,7 +19,7 @@ kubernetes = pytest.importorskip("kubernetes")
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from kcover.testing import TestCluster
+from kcover.testing import ComponentDied, TestCluster
 from kcover.testing.binaries import hack_dir
 
 pytestmark = pytest.mark.timeout(180)
@@ -320,3 +320,20 @@ def test_training_operator_runs_pytorchjob(
         return len(pods) == 3 and all(p.status.phase == "Running" for p in pods)
 
     training_operator.wait_for(running, 90, "the PyTorchJob's 3 pods Running")
+
+
+def test_a_component_that_dies_is_reported_with_its_log(test_cluster: TestCluster) -> None:
+    # A second, private cluster (the session's must survive): kill its scheduler.
+    with TestCluster(test_cluster.binaries) as other:
+        assert other.server != test_cluster.server
+        victim = other.component("kube-scheduler")
+        assert victim.proc is not None
+        victim.proc.kill()
+        victim.proc.wait(10)
+        with pytest.raises(ComponentDied) as info:
+            other.check()
+        assert "kube-scheduler" in str(info.value)
+        assert str(victim.log_path) in str(info.value)
+        workdir = other.workdir
+    assert not workdir.exists()
+    assert all(not comp.alive() for comp in other.components)

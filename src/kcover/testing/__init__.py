@@ -18,11 +18,39 @@ Public surface:
   ``test_cluster``); ``python -m kcover.testing.cluster up`` for manual work.
 """
 
-from kcover.testing._process import ComponentDied
-from kcover.testing._rest import ApiError
-from kcover.testing.binaries import Binaries, BinariesMissing, find_binaries
-from kcover.testing.cluster import ClusterStartError, Credentials, TestCluster
-from kcover.testing.logs import LogLine, write_container_log
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kcover.testing._process import ComponentDied
+    from kcover.testing._rest import ApiError
+    from kcover.testing.binaries import Binaries, BinariesMissing, find_binaries
+    from kcover.testing.cluster import ClusterStartError, Credentials, TestCluster
+    from kcover.testing.logs import LogLine, write_container_log
+
+# Imported lazily so that ``python -m kcover.testing.cluster`` does not import
+# the module twice (runpy warns about that).
+_WHERE = {
+    "ComponentDied": "_process",
+    "ApiError": "_rest",
+    "Binaries": "binaries",
+    "BinariesMissing": "binaries",
+    "find_binaries": "binaries",
+    "ClusterStartError": "cluster",
+    "Credentials": "cluster",
+    "TestCluster": "cluster",
+    "LogLine": "logs",
+    "write_container_log": "logs",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        return getattr(importlib.import_module(f"kcover.testing.{_WHERE[name]}"), name)
+    raise AttributeError(f"module 'kcover.testing' has no attribute {name!r}")
+
 
 __all__ = [
     "ApiError",

@@ -544,7 +544,7 @@ class TestCluster:
 
     def _crd_established(self, name: str) -> bool:
         crd = self.api.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
-        conditions = crd.get("status", {}).get("conditions", [])
+        conditions = (crd.get("status") or {}).get("conditions") or []
         return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
 
     def create_nodes(
@@ -599,7 +599,7 @@ class TestCluster:
 
     def node_ready(self, name: str) -> bool:
         node = self.api.get(f"/api/v1/nodes/{name}")
-        conditions = node.get("status", {}).get("conditions", [])
+        conditions = (node.get("status") or {}).get("conditions") or []
         return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
     def pod(self, namespace: str, name: str) -> JSON:
@@ -798,6 +798,7 @@ def _up(args: argparse.Namespace) -> int:
         stop.set()
 
     signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     try:
         print("starting the test cluster ...", file=sys.stderr)
         cluster.start()
@@ -813,6 +814,7 @@ def _up(args: argparse.Namespace) -> int:
         sys.stdout.flush()
         while not stop.wait(0.5):
             cluster.check()
+        print("\nstopping ...", file=sys.stderr)
     except KeyboardInterrupt:
         print("\nstopping ...", file=sys.stderr)
     except ComponentDied as err:

@@ -98,6 +98,20 @@ def _wait_healthy(cluster: TestCluster, name: str, probe_port: int, timeout: flo
     cluster.wait_for(ready, timeout, f"{name} readyz on port {probe_port} (log: {comp.log_path})")
 
 
+def _data_files(cluster: TestCluster, name: str) -> tuple[list[Path], Path]:
+    """The CRD files and webhook manifest the build copied for controller ``name``."""
+    from kcover.testing.binaries import BinariesMissing
+
+    crds = cluster.binaries.crds(name)
+    manifest = cluster.binaries.root / "webhooks" / name / "manifests.yaml"
+    if not crds or not manifest.is_file():
+        raise BinariesMissing(
+            f"the CRDs or webhook manifest of {name} are missing under {cluster.binaries.root} "
+            "(crds/, webhooks/); run hack/test-cluster/build"
+        )
+    return crds, manifest
+
+
 def _write_certs(folder: Path, pair: pki.KeyPair) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "tls.crt").write_bytes(pair.cert_pem)
@@ -109,7 +123,8 @@ def _start_jobset(cluster: TestCluster) -> None:
     from kcover.testing._process import free_port
 
     bins = cluster.binaries
-    cluster.install_crds(bins.crds("jobset"))
+    crds, manifest = _data_files(cluster, "jobset")
+    cluster.install_crds(crds)
     ca = pki.new_ca("kcover-jobset-webhook-ca")
     webhook_port, probe_port = free_port(), free_port()
     cert_dir = cluster.workdir / "jobset" / "certs"
@@ -140,7 +155,7 @@ def _start_jobset(cluster: TestCluster) -> None:
     )
     _wait_healthy(cluster, "jobset", probe_port)
     docs = _webhook_configs(
-        bins.root / "webhooks" / "jobset" / "manifests.yaml",
+        manifest,
         webhook_port,
         ca.cert_pem,
         {
@@ -156,7 +171,8 @@ def _start_training_operator(cluster: TestCluster) -> None:
     from kcover.testing._process import free_port
 
     bins = cluster.binaries
-    cluster.install_crds(bins.crds("training-operator"))
+    crds, manifest = _data_files(cluster, "training-operator")
+    cluster.install_crds(crds)
     ca = pki.new_ca(
         "training-operator-ca", use_rsa=True, validity=_YEAR, dns_names=("training-operator-ca",)
     )
@@ -187,7 +203,6 @@ def _start_training_operator(cluster: TestCluster) -> None:
         _write_certs(_TO_MARKER.parent, serving)
         cluster.cleanup_paths.append(_TO_MARKER.parent.parent)
     webhook_port, probe_port = free_port(), free_port()
-    manifest = bins.root / "webhooks" / "training-operator" / "manifests.yaml"
     docs = _webhook_configs(
         manifest,
         webhook_port,
