@@ -282,7 +282,23 @@ def test_jobset_controller_creates_jobs(
             ]
         },
     }
-    k8s.CustomObjectsApi(k8s_api).create_namespaced_custom_object(
+    custom = k8s.CustomObjectsApi(k8s_api)
+    invalid = {
+        **jobset,
+        "metadata": {"name": "js-bad"},
+        "spec": {
+            **jobset["spec"],
+            "successPolicy": {"operator": "All", "targetReplicatedJobs": ["nope"]},
+        },
+    }
+    # The JobSet validating webhook (served by the controller on loopback) says no.
+    code = _status(
+        lambda: custom.create_namespaced_custom_object(
+            "jobset.x-k8s.io", "v1alpha2", namespace, "jobsets", invalid
+        )
+    )
+    assert code in (400, 403, 422)
+    custom.create_namespaced_custom_object(
         "jobset.x-k8s.io", "v1alpha2", namespace, "jobsets", jobset
     )
 
@@ -311,9 +327,27 @@ def test_training_operator_runs_pytorchjob(
         "metadata": {"name": "pt"},
         "spec": {"pytorchReplicaSpecs": {"Master": replica(1), "Worker": replica(2)}},
     }
-    k8s.CustomObjectsApi(k8s_api).create_namespaced_custom_object(
-        "kubeflow.org", "v1", namespace, "pytorchjobs", job
+    custom = k8s.CustomObjectsApi(k8s_api)
+    bad = {
+        **job,
+        "metadata": {"name": "pt-bad"},
+        "spec": {
+            "pytorchReplicaSpecs": {
+                "Master": {
+                    **replica(1),
+                    "template": {"spec": {"containers": [{"name": "x", "image": "i"}]}},
+                }
+            }
+        },
+    }
+    # The training-operator's validating webhook wants a container named "pytorch".
+    code = _status(
+        lambda: custom.create_namespaced_custom_object(
+            "kubeflow.org", "v1", namespace, "pytorchjobs", bad
+        )
     )
+    assert code in (400, 403, 422)
+    custom.create_namespaced_custom_object("kubeflow.org", "v1", namespace, "pytorchjobs", job)
 
     def running() -> bool:
         pods = _pods(k8s_api, namespace, "training.kubeflow.org/job-name=pt")
