@@ -11,6 +11,7 @@ kubeconfig the harness wrote.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -371,3 +372,26 @@ def test_a_component_that_dies_is_reported_with_its_log(test_cluster: TestCluste
         workdir = other.workdir
     assert not workdir.exists()
     assert all(not comp.alive() for comp in other.components)
+
+
+def test_kubectl_and_helm_work_against_the_cluster(
+    test_cluster: TestCluster, namespace: str, tmp_path: Path
+) -> None:
+    for tool in ("kubectl", "helm"):
+        if not test_cluster.binaries.has(tool):
+            pytest.skip(f"{tool} not available: {test_cluster.binaries.why_missing(tool)}")
+    nodes = test_cluster.run_tool("kubectl", "get", "nodes", "-l", "type=kwok", "-o", "name")
+    assert nodes.returncode == 0, nodes.stderr
+    assert "node/kwok-node-0" in nodes.stdout
+    chart = tmp_path / "tiny"
+    (chart / "templates").mkdir(parents=True)
+    (chart / "Chart.yaml").write_text("apiVersion: v2\nname: tiny\nversion: 0.1.0\n")
+    (chart / "templates" / "cm.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ .Release.Name }}-cm\ndata:\n  k: v\n"
+    )
+    done = test_cluster.run_tool("helm", "install", "demo", str(chart), "-n", namespace, "--wait")
+    assert done.returncode == 0, done.stderr
+    got = test_cluster.run_tool(
+        "kubectl", "get", "configmap", "demo-cm", "-n", namespace, "-o", "jsonpath={.data.k}"
+    )
+    assert got.stdout == "v"

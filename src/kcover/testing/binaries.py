@@ -105,9 +105,15 @@ class Binaries:
     def require(self) -> None:
         missing = self.missing()
         if missing:
+            reasons = [
+                f"  {name}: {self.why_missing(name)}"
+                for name in missing
+                if (self.root / "unavailable" / f"{name}.txt").is_file()
+            ]
             raise BinariesMissing(
                 f"test-cluster programs missing from {self.bin}: {', '.join(missing)}. "
                 "Build them with hack/test-cluster/build (cold: 10-30 min)."
+                + ("\nThe last build failed:\n" + "\n".join(reasons) if reasons else "")
             )
 
 

@@ -37,6 +37,7 @@ import os
 import secrets
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -514,6 +515,34 @@ class TestCluster:
         )
 
     # --------------------------------------------------------- test helpers
+    def tool_env(self, kubeconfig: Path | None = None) -> dict[str, str]:
+        """Environment for running kubectl/helm against this cluster, caches kept in the temp dir."""
+        env = self._env()
+        env["KUBECONFIG"] = str(kubeconfig or self.kubeconfig)
+        for var, sub in (
+            ("HELM_CACHE_HOME", "helm/cache"),
+            ("HELM_CONFIG_HOME", "helm/config"),
+            ("HELM_DATA_HOME", "helm/data"),
+        ):
+            env[var] = str(self.files.home / sub)
+        env["PATH"] = f"{self.binaries.bin}{os.pathsep}{env.get('PATH', '')}"
+        return env
+
+    def run_tool(
+        self, name: str, *args: str, kubeconfig: Path | None = None, timeout: float = 120.0
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``kubectl`` or ``helm`` (the built ones) against this cluster; never raises on status."""
+        if not self.binaries.has(name):
+            raise FileNotFoundError(self.binaries.why_missing(name))
+        return subprocess.run(
+            [str(self.binaries.path(name)), *args],
+            env=self.tool_env(kubeconfig),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
     def wait_for(self, probe: Callable[[], T | None], timeout: float = 30.0, what: str = "") -> T:
         """Poll ``probe`` until truthy; fail early if a component died."""
         return wait_for(
