@@ -4,7 +4,7 @@ from kcover.testing.fixtures import (  # noqa: F401 - pytest finds fixtures by n
     _test_cluster_alive,
     jobset_controller,
     k8s_api,
-    namespace,
     test_cluster,
+    test_namespace,
     training_operator,
 )

@@ -32,8 +32,10 @@ def _status(call: Any) -> int:
     return int(info.value.status)
 
 
-def _pods(api: Any, namespace: str, selector: str) -> list[Any]:
-    return list(k8s.CoreV1Api(api).list_namespaced_pod(namespace, label_selector=selector).items)
+def _pods(api: Any, test_namespace: str, selector: str) -> list[Any]:
+    return list(
+        k8s.CoreV1Api(api).list_namespaced_pod(test_namespace, label_selector=selector).items
+    )
 
 
 def test_server_reports_the_pinned_version(k8s_api: Any) -> None:
@@ -52,7 +54,7 @@ def test_nodes_are_kwok_gpu_nodes(test_cluster: TestCluster, k8s_api: Any) -> No
 
 
 def test_crd_schema_rejects_invalid_object(
-    test_cluster: TestCluster, k8s_api: Any, namespace: str
+    test_cluster: TestCluster, k8s_api: Any, test_namespace: str
 ) -> None:
     crd = {
         "apiVersion": "apiextensions.k8s.io/v1",
@@ -96,7 +98,7 @@ def test_crd_schema_rejects_invalid_object(
             "spec": spec,
         }
         return custom.create_namespaced_custom_object(
-            "smoke.kcover.test", "v1", namespace, "widgets", body
+            "smoke.kcover.test", "v1", test_namespace, "widgets", body
         )
 
     # Discovery of a new CRD can lag a moment behind Established.
@@ -118,7 +120,7 @@ def _try(call: Any) -> Any:
 
 
 def test_indexed_job_pods_run_fail_and_are_garbage_collected(
-    test_cluster: TestCluster, k8s_api: Any, namespace: str
+    test_cluster: TestCluster, k8s_api: Any, test_namespace: str
 ) -> None:
     batch = k8s.BatchV1Api(k8s_api)
     job = {
@@ -144,11 +146,11 @@ def test_indexed_job_pods_run_fail_and_are_garbage_collected(
             },
         },
     }
-    batch.create_namespaced_job(namespace, job)
+    batch.create_namespaced_job(test_namespace, job)
     selector = "job-name=train"
 
     def all_running() -> list[Any] | None:
-        pods = _pods(k8s_api, namespace, selector)
+        pods = _pods(k8s_api, test_namespace, selector)
         return pods if len(pods) == 3 and all(p.status.phase == "Running" for p in pods) else None
 
     pods = test_cluster.wait_for(all_running, 60, "3 Running pods of the Indexed Job")
@@ -162,13 +164,13 @@ def test_indexed_job_pods_run_fail_and_are_garbage_collected(
         p for p in pods if p.metadata.annotations["batch.kubernetes.io/job-completion-index"] == "1"
     )
     failed = test_cluster.fail_pod(
-        namespace, victim.metadata.name, exit_code=42, reason="Error", message="NCCL timeout"
+        test_namespace, victim.metadata.name, exit_code=42, reason="Error", message="NCCL timeout"
     )
     state = failed["status"]["containerStatuses"][0]["state"]["terminated"]
     assert (state["exitCode"], state["reason"], state["message"]) == (42, "Error", "NCCL timeout")
 
     def job_failed() -> bool:
-        status = batch.read_namespaced_job_status("train", namespace).status
+        status = batch.read_namespaced_job_status("train", test_namespace).status
         return bool(status.failed) and any(
             c.type == "Failed" and c.status == "True" for c in status.conditions or []
         )
@@ -177,48 +179,51 @@ def test_indexed_job_pods_run_fail_and_are_garbage_collected(
         job_failed, 60, "the Job controller to mark the Job Failed (backoffLimit 0)"
     )
 
-    batch.delete_namespaced_job("train", namespace, propagation_policy="Background")
+    batch.delete_namespaced_job("train", test_namespace, propagation_policy="Background")
     test_cluster.wait_for(
-        lambda: not _pods(k8s_api, namespace, selector),
+        lambda: not _pods(k8s_api, test_namespace, selector),
         60,
         "the garbage collector to remove the pods",
     )
 
 
-def test_stale_resource_version_conflicts(k8s_api: Any, namespace: str) -> None:
+def test_stale_resource_version_conflicts(k8s_api: Any, test_namespace: str) -> None:
     core = k8s.CoreV1Api(k8s_api)
     cm = core.create_namespaced_config_map(
-        namespace, {"metadata": {"name": "state"}, "data": {"step": "1"}}
+        test_namespace, {"metadata": {"name": "state"}, "data": {"step": "1"}}
     )
     stale = cm.metadata.resource_version
     core.replace_namespaced_config_map(
         "state",
-        namespace,
+        test_namespace,
         {"metadata": {"name": "state", "resourceVersion": stale}, "data": {"step": "2"}},
     )
     body = {"metadata": {"name": "state", "resourceVersion": stale}, "data": {"step": "3"}}
-    assert _status(lambda: core.replace_namespaced_config_map("state", namespace, body)) == 409
+    assert _status(lambda: core.replace_namespaced_config_map("state", test_namespace, body)) == 409
 
 
-def test_rbac_denies_restricted_identities(test_cluster: TestCluster, namespace: str) -> None:
+def test_rbac_denies_restricted_identities(test_cluster: TestCluster, test_namespace: str) -> None:
     rbac_role = {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
-        "metadata": {"name": "pod-reader", "namespace": namespace},
+        "metadata": {"name": "pod-reader", "test_namespace": test_namespace},
         "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}],
     }
     test_cluster.apply(
-        f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/roles/pod-reader", rbac_role
+        f"/apis/rbac.authorization.k8s.io/v1/namespaces/{test_namespace}/roles/pod-reader",
+        rbac_role,
     )
-    user = test_cluster.user("alice", groups=["kcover-testers"], roles={namespace: ["pod-reader"]})
-    robot = test_cluster.service_account(namespace, "robot", roles=["pod-reader"])
+    user = test_cluster.user(
+        "alice", groups=["kcover-testers"], roles={test_namespace: ["pod-reader"]}
+    )
+    robot = test_cluster.service_account(test_namespace, "robot", roles=["pod-reader"])
     for creds in (user, robot):
         api = kubernetes.config.new_client_from_config(config_file=str(creds.kubeconfig))
         core = k8s.CoreV1Api(api)
 
         def allowed(core: Any = core) -> bool:
             try:
-                core.list_namespaced_pod(namespace)
+                core.list_namespaced_pod(test_namespace)
             except ApiException as err:
                 if err.status == 403:
                     return False  # the RoleBinding may not be in the authorizer's cache yet
@@ -226,36 +231,38 @@ def test_rbac_denies_restricted_identities(test_cluster: TestCluster, namespace:
             return True
 
         test_cluster.wait_for(allowed, 10, f"{creds.user} may list pods")
-        assert _status(lambda core=core: core.list_namespaced_secret(namespace)) == 403
+        assert _status(lambda core=core: core.list_namespaced_secret(test_namespace)) == 403
         assert _status(lambda core=core: core.list_pod_for_all_namespaces()) == 403
         api.close()
     # An unknown bearer token is not authenticated at all.
     bogus = test_cluster.api.__class__(
         test_cluster.server, str(test_cluster.ca_file), "not-a-token"
     )
-    assert bogus.raw("GET", f"/api/v1/namespaces/{namespace}/pods")[0] == 401
+    assert bogus.raw("GET", f"/api/v1/namespaces/{test_namespace}/pods")[0] == 401
 
 
 def test_container_logs_are_cri_files(
-    test_cluster: TestCluster, k8s_api: Any, namespace: str
+    test_cluster: TestCluster, k8s_api: Any, test_namespace: str
 ) -> None:
     core = k8s.CoreV1Api(k8s_api)
     pod = {
         "metadata": {"name": "rank-0"},
         "spec": {"containers": [{"name": "trainer", "image": "example.invalid/t:1"}]},
     }
-    core.create_namespaced_pod(namespace, pod)
-    test_cluster.wait_pod_phase(namespace, "rank-0", "Running", 60)
-    path = test_cluster.write_container_log(namespace, "rank-0", "trainer", ["step 1", "x" * 20000])
-    uid = core.read_namespaced_pod("rank-0", namespace).metadata.uid
-    assert path == test_cluster.log_root / f"{namespace}_rank-0_{uid}" / "trainer" / "0.log"
+    core.create_namespaced_pod(test_namespace, pod)
+    test_cluster.wait_pod_phase(test_namespace, "rank-0", "Running", 60)
+    path = test_cluster.write_container_log(
+        test_namespace, "rank-0", "trainer", ["step 1", "x" * 20000]
+    )
+    uid = core.read_namespaced_pod("rank-0", test_namespace).metadata.uid
+    assert path == test_cluster.log_root / f"{test_namespace}_rank-0_{uid}" / "trainer" / "0.log"
     lines = path.read_text().splitlines()
     assert lines[0].split(" ", 3)[1:] == ["stdout", "F", "step 1"]
     assert [line.split(" ")[2] for line in lines[1:]] == ["P", "F"]
 
 
 def test_jobset_controller_creates_jobs(
-    jobset_controller: TestCluster, k8s_api: Any, namespace: str
+    jobset_controller: TestCluster, k8s_api: Any, test_namespace: str
 ) -> None:
     jobset = {
         "apiVersion": "jobset.x-k8s.io/v1alpha2",
@@ -295,23 +302,23 @@ def test_jobset_controller_creates_jobs(
     # The JobSet validating webhook (served by the controller on loopback) says no.
     code = _status(
         lambda: custom.create_namespaced_custom_object(
-            "jobset.x-k8s.io", "v1alpha2", namespace, "jobsets", invalid
+            "jobset.x-k8s.io", "v1alpha2", test_namespace, "jobsets", invalid
         )
     )
     assert code in (400, 403, 422)
     custom.create_namespaced_custom_object(
-        "jobset.x-k8s.io", "v1alpha2", namespace, "jobsets", jobset
+        "jobset.x-k8s.io", "v1alpha2", test_namespace, "jobsets", jobset
     )
 
     def running() -> bool:
-        pods = _pods(k8s_api, namespace, "jobset.sigs.k8s.io/jobset-name=js")
+        pods = _pods(k8s_api, test_namespace, "jobset.sigs.k8s.io/jobset-name=js")
         return len(pods) == 2 and all(p.status.phase == "Running" for p in pods)
 
     jobset_controller.wait_for(running, 60, "the JobSet's 2 pods Running")
 
 
 def test_training_operator_runs_pytorchjob(
-    training_operator: TestCluster, k8s_api: Any, namespace: str
+    training_operator: TestCluster, k8s_api: Any, test_namespace: str
 ) -> None:
     def replica(count: int) -> dict[str, Any]:
         return {
@@ -344,14 +351,14 @@ def test_training_operator_runs_pytorchjob(
     # The training-operator's validating webhook wants a container named "pytorch".
     code = _status(
         lambda: custom.create_namespaced_custom_object(
-            "kubeflow.org", "v1", namespace, "pytorchjobs", bad
+            "kubeflow.org", "v1", test_namespace, "pytorchjobs", bad
         )
     )
     assert code in (400, 403, 422)
-    custom.create_namespaced_custom_object("kubeflow.org", "v1", namespace, "pytorchjobs", job)
+    custom.create_namespaced_custom_object("kubeflow.org", "v1", test_namespace, "pytorchjobs", job)
 
     def running() -> bool:
-        pods = _pods(k8s_api, namespace, "training.kubeflow.org/job-name=pt")
+        pods = _pods(k8s_api, test_namespace, "training.kubeflow.org/job-name=pt")
         return len(pods) == 3 and all(p.status.phase == "Running" for p in pods)
 
     training_operator.wait_for(running, 90, "the PyTorchJob's 3 pods Running")
@@ -375,7 +382,7 @@ def test_a_component_that_dies_is_reported_with_its_log(test_cluster: TestCluste
 
 
 def test_kubectl_and_helm_work_against_the_cluster(
-    test_cluster: TestCluster, namespace: str, tmp_path: Path
+    test_cluster: TestCluster, test_namespace: str, tmp_path: Path
 ) -> None:
     for tool in ("kubectl", "helm"):
         if not test_cluster.binaries.has(tool):
@@ -389,9 +396,11 @@ def test_kubectl_and_helm_work_against_the_cluster(
     (chart / "templates" / "cm.yaml").write_text(
         "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ .Release.Name }}-cm\ndata:\n  k: v\n"
     )
-    done = test_cluster.run_tool("helm", "install", "demo", str(chart), "-n", namespace, "--wait")
+    done = test_cluster.run_tool(
+        "helm", "install", "demo", str(chart), "-n", test_namespace, "--wait"
+    )
     assert done.returncode == 0, done.stderr
     got = test_cluster.run_tool(
-        "kubectl", "get", "configmap", "demo-cm", "-n", namespace, "-o", "jsonpath={.data.k}"
+        "kubectl", "get", "configmap", "demo-cm", "-n", test_namespace, "-o", "jsonpath={.data.k}"
     )
     assert got.stdout == "v"

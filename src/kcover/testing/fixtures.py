@@ -11,7 +11,7 @@ Use it from a ``conftest.py`` with ``pytest_plugins = ["kcover.testing.fixtures"
   error if that optional program could not be built.
 * ``k8s_api`` (session): a ``kubernetes.client.ApiClient`` for the admin
   kubeconfig (needs the ``kubernetes`` package).
-* ``namespace`` (function): a fresh namespace, deleted afterwards.
+* ``test_namespace`` (function): a fresh namespace, deleted afterwards.
 
 Missing binaries fail the session with the command that builds them; they
 skip instead only when ``KCOVER_TEST_CLUSTER_ALLOW_SKIP=1``. After each test
@@ -33,7 +33,7 @@ from kcover.testing.binaries import find_binaries
 from kcover.testing.cluster import TestCluster
 from kcover.testing.controllers import start_controllers
 
-__all__ = ["jobset_controller", "k8s_api", "namespace", "test_cluster", "training_operator"]
+__all__ = ["jobset_controller", "k8s_api", "test_cluster", "test_namespace", "training_operator"]
 
 ALLOW_SKIP = "KCOVER_TEST_CLUSTER_ALLOW_SKIP"
 
@@ -85,7 +85,7 @@ def k8s_api(test_cluster: TestCluster) -> Iterator[Any]:
 
 
 @pytest.fixture
-def namespace(test_cluster: TestCluster) -> Iterator[str]:
+def test_namespace(test_cluster: TestCluster) -> Iterator[str]:
     """A fresh namespace for one test; deletion is left to the namespace controller."""
     name = f"t-{uuid.uuid4().hex[:10]}"
     test_cluster.create_namespace(name)
