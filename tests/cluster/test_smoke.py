@@ -206,7 +206,7 @@ def test_rbac_denies_restricted_identities(test_cluster: TestCluster, test_names
     rbac_role = {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
-        "metadata": {"name": "pod-reader", "test_namespace": test_namespace},
+        "metadata": {"name": "pod-reader", "namespace": test_namespace},
         "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}],
     }
     test_cluster.apply(
