@@ -121,6 +121,28 @@ def _kubeconfig(server: str, ca_pem: bytes, user: str, auth: Mapping[str, str]) 
     return json.dumps(config, indent=2)
 
 
+_WORKDIR_PREFIX = "kcover-cluster-"
+
+
+def _remove_stale_workdirs() -> None:
+    """Delete temp dirs of clusters whose owner process is gone (it was SIGKILLed).
+
+    Their children died with them (parent-death signal), but nobody removed
+    the files. Only folders with an ``owner.pid`` naming a dead process go.
+    """
+    for folder in Path(tempfile.gettempdir()).glob(f"{_WORKDIR_PREFIX}*"):
+        try:
+            pid = int((folder / "owner.pid").read_text())
+        except (OSError, ValueError):
+            continue
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+        except PermissionError:
+            continue
+
+
 def wait_for(
     probe: Callable[[], T | None],
     timeout: float,
@@ -223,8 +245,10 @@ class TestCluster:
         """Start every component and wait until the cluster serves and schedules."""
         self.binaries.require()
         began = time.monotonic()
-        root = self._given_workdir or Path(tempfile.mkdtemp(prefix="kcover-cluster-"))
+        _remove_stale_workdirs()
+        root = self._given_workdir or Path(tempfile.mkdtemp(prefix=_WORKDIR_PREFIX))
         self._files = _Files(root)
+        (root / "owner.pid").write_text(str(os.getpid()))
         try:
             self._write_pki()
             etcd_url = self._start_etcd()
