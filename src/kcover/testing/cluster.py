@@ -847,8 +847,12 @@ def _up(args: argparse.Namespace) -> int:
     )
     stop = threading.Event()
 
+    ready = threading.Event()
+
     def on_signal(signum: int, frame: FrameType | None) -> None:
         stop.set()
+        if not ready.is_set():  # interrupt start-up; start() stops what it began
+            raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
@@ -857,6 +861,7 @@ def _up(args: argparse.Namespace) -> int:
         cluster.start()
         if args.nodes:
             cluster.create_nodes(args.nodes, gpus=args.gpus)
+        ready.set()
         print(
             f"ready in {cluster.startup_seconds:.1f}s; logs in {cluster.files.logs}",
             file=sys.stderr,
