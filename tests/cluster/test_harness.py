@@ -16,11 +16,12 @@ import pytest
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
-from kcover.testing import cluster as cluster_mod
+from kcover.testing import _core as cluster_mod
 from kcover.testing import pki
+from kcover.testing._core import _Files
 from kcover.testing._process import Component, ComponentDied
 from kcover.testing.binaries import Binaries, BinariesMissing
-from kcover.testing.cluster import ClusterStartError, TestCluster, _Files
+from kcover.testing.cluster import ClusterStartError, TestCluster
 from kcover.testing.logs import LogLine, write_container_log
 
 
