@@ -80,30 +80,8 @@ class CertificateAuthority:
         validity: _dt.timedelta = _VALIDITY,
     ) -> KeyPair:
         key = ec.generate_private_key(ec.SECP256R1())
-        now = _dt.datetime.now(_dt.UTC)
         builder = (
-            x509.CertificateBuilder()
-            .subject_name(subject)
-            .issuer_name(self.cert.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - _dt.timedelta(minutes=5))
-            .not_valid_after(now + validity)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=False,
-                    crl_sign=False,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
+            _builder(subject, self.cert.subject, key, validity, ca=False)
             .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
             .add_extension(
                 x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()),
@@ -122,6 +100,40 @@ class CertificateAuthority:
     def issue_client(self, user: str, groups: tuple[str, ...] = ()) -> KeyPair:
         """A client certificate: Kubernetes reads the user from CN and groups from O."""
         return self._issue(_name(user, groups), ExtendedKeyUsageOID.CLIENT_AUTH)
+
+
+def _builder(
+    subject: x509.Name,
+    issuer: x509.Name,
+    key: PrivateKey,
+    validity: _dt.timedelta,
+    *,
+    ca: bool,
+) -> x509.CertificateBuilder:
+    """A certificate builder with the fields every certificate here shares."""
+    now = _dt.datetime.now(_dt.UTC)
+    usage = x509.KeyUsage(
+        digital_signature=True,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=ca,
+        crl_sign=ca,
+        encipher_only=False,
+        decipher_only=False,
+    )
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - _dt.timedelta(minutes=5))
+        .not_valid_after(now + validity)
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        .add_extension(usage, critical=True)
+    )
 
 
 def _sans(hosts: list[str]) -> list[x509.GeneralName]:
@@ -147,32 +159,9 @@ def new_ca(
         if use_rsa
         else ec.generate_private_key(ec.SECP256R1())
     )
-    now = _dt.datetime.now(_dt.UTC)
     subject = _name(common_name)
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - _dt.timedelta(minutes=5))
-        .not_valid_after(now + validity)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+    builder = _builder(subject, subject, key, validity, ca=True).add_extension(
+        x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False
     )
     if dns_names:
         builder = builder.add_extension(
