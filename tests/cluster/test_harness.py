@@ -152,3 +152,28 @@ def test_client_certificate_carries_user_and_groups() -> None:
     orgs = [a.value for a in cert.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)]
     assert orgs == ["team-a", "team-b"]
     assert cert.issuer == ca.cert.subject
+
+
+def test_shipped_kwok_stages_parse_and_match_the_harness() -> None:
+    import yaml
+
+    from kcover.testing.binaries import hack_dir
+    from kcover.testing.cluster import FAIL_ANNOTATION, SUCCEED_ANNOTATION
+
+    text = (hack_dir() / "stages" / "stages.yaml").read_text()
+    stages = {doc["metadata"]["name"]: doc for doc in yaml.safe_load_all(text)}
+    assert set(stages) == {
+        "node-ready",
+        "node-heartbeat",
+        "pod-running",
+        "pod-fail",
+        "pod-succeed",
+        "pod-delete",
+    }
+    for stage in stages.values():
+        assert stage["apiVersion"] == "kwok.x-k8s.io/v1alpha1"
+        assert stage["kind"] == "Stage"
+        assert stage["spec"]["resourceRef"]["kind"] in ("Node", "Pod")
+        assert "statusTemplate" in stage["spec"]["next"] or stage["spec"]["next"].get("delete")
+    assert FAIL_ANNOTATION in str(stages["pod-fail"]["spec"]["selector"])
+    assert SUCCEED_ANNOTATION in str(stages["pod-succeed"]["spec"]["selector"])
