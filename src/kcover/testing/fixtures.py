@@ -14,7 +14,9 @@ Use it from a ``conftest.py`` with ``pytest_plugins = ["kcover.testing.fixtures"
 * ``test_namespace`` (function): a fresh namespace, deleted afterwards.
 
 Missing binaries fail the session with the command that builds them; they
-skip instead only when ``KCOVER_TEST_CLUSTER_ALLOW_SKIP=1``. After each test
+skip instead only when ``KCOVER_TEST_CLUSTER_ALLOW_SKIP=1``.
+``KCOVER_TEST_CLUSTER_KEEP=1`` keeps the cluster's temp dir (component logs
+in ``logs/``) after the session, for debugging. After each test
 that used the cluster, a component that died fails the session
 (``pytest.exit``) with its last log lines.
 """
@@ -36,6 +38,7 @@ from kcover.testing.controllers import start_controllers
 __all__ = ["jobset_controller", "k8s_api", "test_cluster", "test_namespace", "training_operator"]
 
 ALLOW_SKIP = "KCOVER_TEST_CLUSTER_ALLOW_SKIP"
+KEEP = "KCOVER_TEST_CLUSTER_KEEP"
 
 
 @pytest.fixture(scope="session")
@@ -51,7 +54,7 @@ def test_cluster() -> Iterator[TestCluster]:
         if os.environ.get(ALLOW_SKIP) == "1":
             pytest.skip(message + f" ({ALLOW_SKIP}=1)")
         pytest.fail(message + f" (or set {ALLOW_SKIP}=1 to skip these tests)", pytrace=False)
-    cluster = TestCluster(binaries)
+    cluster = TestCluster(binaries, keep=os.environ.get(KEEP) == "1")
     cluster.start()
     try:
         cluster.create_nodes(2)
