@@ -239,6 +239,8 @@ class ClusterCore:
             self.cleanup_paths.clear()
             if self._files is not None and not self.keep:
                 shutil.rmtree(self._files.root, ignore_errors=True)
+            elif self._files is not None:  # kept on purpose: not stale for the next start
+                (self._files.root / "owner.pid").unlink(missing_ok=True)
             self._api = None
 
     def check(self) -> None:
