@@ -17,7 +17,7 @@ from cryptography import x509
 from cryptography.x509.oid import NameOID
 
 from kcover.testing import _core as cluster_mod
-from kcover.testing import pki
+from kcover.testing import _process, pki
 from kcover.testing._core import _Files
 from kcover.testing._process import Component, ComponentDied
 from kcover.testing.binaries import Binaries, BinariesMissing
@@ -74,7 +74,7 @@ def test_port_in_use_is_retried_on_another_port(
     taken.bind(("127.0.0.1", 0))
     taken.listen()
     busy = taken.getsockname()[1]
-    real_free_port = cluster_mod.free_port
+    real_free_port = _process.free_port
     ports = iter([busy])
     monkeypatch.setattr(cluster_mod, "free_port", lambda: next(ports, None) or real_free_port())
     harness = TestCluster(Binaries(tmp_path / "cache"), tmp_path / "work")
