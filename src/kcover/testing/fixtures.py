@@ -1,0 +1,117 @@
+"""pytest plugin: one real test cluster per session, shared by the tests that ask for it.
+
+Use it from a ``conftest.py`` with ``pytest_plugins = ["kcover.testing.fixtures"]``
+(root conftest only) or by importing the fixtures. Fixtures:
+
+* ``test_cluster`` (session): a started :class:`~kcover.testing.TestCluster`
+  with two fake GPU nodes (8 ``nvidia.com/gpu`` each); stopped at the end of
+  the session.
+* ``jobset_controller`` / ``training_operator`` (session): start that
+  controller in ``test_cluster`` on first use; skip with the recorded build
+  error if that optional program could not be built.
+* ``k8s_api`` (session): a ``kubernetes.client.ApiClient`` for the admin
+  kubeconfig (needs the ``kubernetes`` package).
+* ``test_namespace`` (function): a fresh namespace, deleted afterwards.
+
+Missing binaries fail the session with the command that builds them; they
+skip instead only when ``KCOVER_TEST_CLUSTER_ALLOW_SKIP=1``.
+``KCOVER_TEST_CLUSTER_KEEP=1`` keeps the cluster's temp dir (component logs
+in ``logs/``) after the session, for debugging. After each test
+that used the cluster, a component that died fails the session
+(``pytest.exit``) with its last log lines.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from kcover.testing._process import ComponentDied
+from kcover.testing.binaries import find_binaries
+from kcover.testing.cluster import TestCluster
+from kcover.testing.controllers import start_controllers
+
+__all__ = ["jobset_controller", "k8s_api", "test_cluster", "test_namespace", "training_operator"]
+
+ALLOW_SKIP = "KCOVER_TEST_CLUSTER_ALLOW_SKIP"
+KEEP = "KCOVER_TEST_CLUSTER_KEEP"
+
+
+@pytest.fixture(scope="session")
+def test_cluster() -> Iterator[TestCluster]:
+    """A real control plane for the whole session (see module docstring)."""
+    binaries = find_binaries()
+    missing = binaries.missing()
+    if missing:
+        message = (
+            f"test-cluster binaries missing in {binaries.bin}: {', '.join(missing)}; "
+            "build them with hack/test-cluster/build"
+        )
+        if os.environ.get(ALLOW_SKIP) == "1":
+            pytest.skip(message + f" ({ALLOW_SKIP}=1)")
+        pytest.fail(message + f" (or set {ALLOW_SKIP}=1 to skip these tests)", pytrace=False)
+    cluster = TestCluster(binaries, keep=os.environ.get(KEEP) == "1")
+    cluster.start()
+    try:
+        cluster.create_nodes(2)
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(autouse=True)
+def _test_cluster_alive(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail the session, showing its log, if a cluster component died during a test."""
+    yield
+    if "test_cluster" not in request.fixturenames:
+        return
+    cluster: TestCluster = request.getfixturevalue("test_cluster")
+    try:
+        cluster.check()
+    except ComponentDied as err:
+        pytest.exit(str(err), returncode=3)
+
+
+@pytest.fixture(scope="session")
+def k8s_api(test_cluster: TestCluster) -> Iterator[Any]:
+    """``kubernetes.client.ApiClient`` for the admin kubeconfig."""
+    kubernetes = pytest.importorskip("kubernetes")
+    client = kubernetes.config.new_client_from_config(config_file=str(test_cluster.kubeconfig))
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def test_namespace(test_cluster: TestCluster) -> Iterator[str]:
+    """A fresh namespace for one test; deletion is left to the namespace controller."""
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    test_cluster.create_namespace(name)
+    yield name
+    test_cluster.api.request("DELETE", f"/api/v1/namespaces/{name}")
+
+
+def _controller(cluster: TestCluster, name: str) -> TestCluster:
+    if not cluster.binaries.has(name):
+        pytest.skip(
+            f"optional controller {name} is not available: {cluster.binaries.why_missing(name)}"
+        )
+    start_controllers(cluster, [name])
+    return cluster
+
+
+@pytest.fixture(scope="session")
+def jobset_controller(test_cluster: TestCluster) -> TestCluster:
+    """``test_cluster`` with the real JobSet controller (and its webhooks) running."""
+    return _controller(test_cluster, "jobset")
+
+
+@pytest.fixture(scope="session")
+def training_operator(test_cluster: TestCluster) -> TestCluster:
+    """``test_cluster`` with the Kubeflow training-operator (PyTorchJob) running."""
+    return _controller(test_cluster, "training-operator")
