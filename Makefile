@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 
-.PHONY: setup demo test lint typecheck unit bench
+.PHONY: setup demo test lint typecheck unit bench test-cluster cluster-up
 
 setup: $(STAMP)
 
@@ -25,12 +25,22 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy
 
-unit: setup
+unit: setup test-cluster
 	$(BIN)/pytest
 
 test: lint typecheck unit
+
+# The real Kubernetes control plane the tests run against: built from Go modules on first use
+# (about 15 minutes on 2 cores), reused from ~/.cache/kcover-test-cluster afterwards.
+test-cluster:
+	hack/test-cluster/build
+
+cluster-up: setup test-cluster
+	$(BIN)/python -m kcover.testing.cluster up --nodes 4
 
 bench: setup
 	$(BIN)/python -m bench.corpus_accuracy
 	$(BIN)/python -m bench.scan_throughput
 	$(BIN)/python -m bench.scan_memory
+	$(BIN)/python -m bench.launcher_latency
+	$(BIN)/python -m bench.launcher_overhead

@@ -19,8 +19,8 @@ from cryptography.x509.oid import NameOID
 from kcover.testing import _core as cluster_mod
 from kcover.testing import _process, pki
 from kcover.testing._core import _Files
-from kcover.testing._process import Component, ComponentDied
-from kcover.testing.binaries import Binaries, BinariesMissing
+from kcover.testing._process import Component, ComponentDiedError
+from kcover.testing.binaries import Binaries, BinariesMissingError
 from kcover.testing.cluster import ClusterStartError, TestCluster
 from kcover.testing.logs import LogLine, write_container_log
 
@@ -31,7 +31,7 @@ def test_dead_component_reports_its_last_log_lines(tmp_path: Path) -> None:
     comp.start()
     assert comp.proc is not None
     comp.proc.wait(10)
-    with pytest.raises(ComponentDied) as info:
+    with pytest.raises(ComponentDiedError) as info:
         comp.check()
     assert "status 3" in str(info.value)
     assert "fatal: etcd cluster unreachable" in str(info.value)
@@ -112,7 +112,7 @@ def test_component_that_fails_to_start_names_itself(tmp_path: Path) -> None:
 
 def test_missing_binaries_say_how_to_build_them(tmp_path: Path) -> None:
     binaries = Binaries(tmp_path)
-    with pytest.raises(BinariesMissing, match="hack/test-cluster/build"):
+    with pytest.raises(BinariesMissingError, match="hack/test-cluster/build"):
         binaries.require()
     (tmp_path / "unavailable").mkdir()
     (tmp_path / "unavailable" / "jobset.txt").write_text(

@@ -15,13 +15,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import kubernetes
 import pytest
-
-kubernetes = pytest.importorskip("kubernetes")
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from kcover.testing import ComponentDied, TestCluster
+from kcover.testing import ComponentDiedError, TestCluster
 from kcover.testing.binaries import hack_dir
 
 pytestmark = pytest.mark.timeout(180)
@@ -378,7 +377,7 @@ def test_a_component_that_dies_is_reported_with_its_log(test_cluster: TestCluste
         assert victim.proc is not None
         victim.proc.kill()
         victim.proc.wait(10)
-        with pytest.raises(ComponentDied) as info:
+        with pytest.raises(ComponentDiedError) as info:
             other.check()
         assert "kube-scheduler" in str(info.value)
         assert str(victim.log_path) in str(info.value)

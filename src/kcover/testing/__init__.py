@@ -24,19 +24,19 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from kcover.testing._process import ComponentDied
+    from kcover.testing._process import ComponentDiedError
     from kcover.testing._rest import ApiError
-    from kcover.testing.binaries import Binaries, BinariesMissing, find_binaries
+    from kcover.testing.binaries import Binaries, BinariesMissingError, find_binaries
     from kcover.testing.cluster import ClusterStartError, Credentials, TestCluster
     from kcover.testing.logs import LogLine, write_container_log
 
 # Imported lazily so that ``python -m kcover.testing.cluster`` does not import
 # the module twice (runpy warns about that).
 _WHERE = {
-    "ComponentDied": "_process",
+    "ComponentDiedError": "_process",
     "ApiError": "_rest",
     "Binaries": "binaries",
-    "BinariesMissing": "binaries",
+    "BinariesMissingError": "binaries",
     "find_binaries": "binaries",
     "ClusterStartError": "cluster",
     "Credentials": "cluster",
@@ -55,9 +55,9 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "ApiError",
     "Binaries",
-    "BinariesMissing",
+    "BinariesMissingError",
     "ClusterStartError",
-    "ComponentDied",
+    "ComponentDiedError",
     "Credentials",
     "LogLine",
     "TestCluster",

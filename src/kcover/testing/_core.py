@@ -244,7 +244,7 @@ class ClusterCore:
             self._api = None
 
     def check(self) -> None:
-        """Raise :class:`ComponentDied` (with its last log lines) if any component died."""
+        """Raise :class:`ComponentDiedError` (with its last log lines) if any component died."""
         for comp in list(self.components):
             comp.check()
 

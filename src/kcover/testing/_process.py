@@ -20,7 +20,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-__all__ = ["Component", "ComponentDied", "free_port", "tail"]
+__all__ = ["Component", "ComponentDiedError", "free_port", "tail"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -62,7 +62,7 @@ def _die_with_parent() -> Callable[[], None] | None:
     return preexec
 
 
-class ComponentDied(RuntimeError):
+class ComponentDiedError(RuntimeError):
     """A component exited when it should be running; the message holds its last log lines."""
 
     def __init__(self, name: str, returncode: int | None, log_path: Path, lines: int = 40) -> None:
@@ -118,9 +118,9 @@ class Component:
         return self.proc is not None and self.proc.poll() is None
 
     def check(self) -> None:
-        """Raise :class:`ComponentDied` if the process has exited (and was not being stopped)."""
+        """Raise :class:`ComponentDiedError` if the process has exited (and was not being stopped)."""
         if self.proc is not None and not self.stopping and self.proc.poll() is not None:
-            raise ComponentDied(self.name, self.proc.returncode, self.log_path)
+            raise ComponentDiedError(self.name, self.proc.returncode, self.log_path)
 
     def log_text(self) -> str:
         try:

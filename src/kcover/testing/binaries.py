@@ -23,7 +23,7 @@ __all__ = [
     "OPTIONAL",
     "REQUIRED",
     "Binaries",
-    "BinariesMissing",
+    "BinariesMissingError",
     "find_binaries",
     "hack_dir",
 ]
@@ -34,7 +34,7 @@ OPTIONAL = ("kubectl", "helm", "jobset", "training-operator")
 _MARKER = Path("hack") / "test-cluster" / "build"
 
 
-class BinariesMissing(RuntimeError):
+class BinariesMissingError(RuntimeError):
     """Required test-cluster programs are not built; the message says how to build them."""
 
 
@@ -110,7 +110,7 @@ class Binaries:
                 for name in missing
                 if (self.root / "unavailable" / f"{name}.txt").is_file()
             ]
-            raise BinariesMissing(
+            raise BinariesMissingError(
                 f"test-cluster programs missing from {self.bin}: {', '.join(missing)}. "
                 "Build them with hack/test-cluster/build (cold: 10-30 min)."
                 + ("\nThe last build failed:\n" + "\n".join(reasons) if reasons else "")

@@ -21,7 +21,7 @@ adds what tests call. It writes an admin kubeconfig, waits on ``/readyz``, and o
 stops every child in reverse order and deletes its temp dir (children get
 ``HOME`` and ``TMPDIR`` inside it, so nothing is left elsewhere). A port
 found taken is retried on another one. :meth:`check` raises
-:class:`~kcover.testing._process.ComponentDied` with the last log lines of a
+:class:`~kcover.testing._process.ComponentDiedError` with the last log lines of a
 component that died; the pytest fixtures call it around every test.
 
 Manual use: ``python -m kcover.testing.cluster up --nodes 4`` prints the
@@ -49,7 +49,7 @@ from kcover.testing._core import (
     ClusterStartError,
     kubeconfig_text,
 )
-from kcover.testing._process import ComponentDied
+from kcover.testing._process import ComponentDiedError
 from kcover.testing._rest import JSON, ApiError
 from kcover.testing.binaries import OPTIONAL, REQUIRED, find_binaries
 from kcover.testing.logs import LogLine, write_container_log
@@ -402,7 +402,7 @@ def _up(args: argparse.Namespace) -> int:
         print("\nstopping ...", file=sys.stderr)
     except KeyboardInterrupt:
         print("\nstopping ...", file=sys.stderr)
-    except ComponentDied as err:
+    except ComponentDiedError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     except (ClusterStartError, RuntimeError, TimeoutError) as err:

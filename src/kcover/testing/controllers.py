@@ -100,12 +100,12 @@ def _wait_healthy(cluster: TestCluster, name: str, probe_port: int, timeout: flo
 
 def _data_files(cluster: TestCluster, name: str) -> tuple[list[Path], Path]:
     """The CRD files and webhook manifest the build copied for controller ``name``."""
-    from kcover.testing.binaries import BinariesMissing
+    from kcover.testing.binaries import BinariesMissingError
 
     crds = cluster.binaries.crds(name)
     manifest = cluster.binaries.root / "webhooks" / name / "manifests.yaml"
     if not crds or not manifest.is_file():
-        raise BinariesMissing(
+        raise BinariesMissingError(
             f"the CRDs or webhook manifest of {name} are missing under {cluster.binaries.root} "
             "(crds/, webhooks/); run hack/test-cluster/build"
         )
@@ -230,13 +230,13 @@ def _start_training_operator(cluster: TestCluster) -> None:
 
 def start_controllers(cluster: TestCluster, names: Sequence[str]) -> None:
     """Start the named optional controllers (``jobset``, ``training-operator``)."""
-    from kcover.testing.binaries import BinariesMissing
+    from kcover.testing.binaries import BinariesMissingError
 
     for name in names:
         if name not in KNOWN:
             raise ValueError(f"unknown controller {name!r}; known: {', '.join(KNOWN)}")
         if not cluster.binaries.has(name):
-            raise BinariesMissing(cluster.binaries.why_missing(name))
+            raise BinariesMissingError(cluster.binaries.why_missing(name))
     running = {comp.name for comp in cluster.components}
     for name in names:
         if name in running:

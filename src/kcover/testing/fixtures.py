@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from kcover.testing._process import ComponentDied
+from kcover.testing._process import ComponentDiedError
 from kcover.testing.binaries import find_binaries
 from kcover.testing.cluster import TestCluster
 from kcover.testing.controllers import start_controllers
@@ -72,7 +72,7 @@ def _test_cluster_alive(request: pytest.FixtureRequest) -> Iterator[None]:
     cluster: TestCluster = request.getfixturevalue("test_cluster")
     try:
         cluster.check()
-    except ComponentDied as err:
+    except ComponentDiedError as err:
         pytest.exit(str(err), returncode=3)
 
 
