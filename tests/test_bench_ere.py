@@ -1,0 +1,30 @@
+"""The grep baseline of the scanning benchmark searches for what kcover searches for.
+
+Every catalog example must match its rule's patterns translated to ERE, under
+the real GNU grep, or the throughput ratio would compare different work.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from bench.ere import to_ere
+from kcover.classify.rules import Rule, load_catalog_files, shipped_catalog_files
+
+RULES = [rule for rule in load_catalog_files(shipped_catalog_files()) if rule.spec.patterns]
+
+
+@pytest.mark.skipif(shutil.which("grep") is None, reason="no grep on this machine")
+@pytest.mark.parametrize("rule", RULES, ids=lambda rule: rule.id)
+def test_grep_matches_every_example(rule: Rule, tmp_path: Path) -> None:
+    patterns = tmp_path / "patterns.ere"
+    patterns.write_text("\n".join(to_ere(p, rule.spec.ignore_case) for p in rule.spec.patterns) + "\n")
+    examples = "\n".join(rule.spec.examples) + "\n"
+    done = subprocess.run(["grep", "-E", "-c", "-f", str(patterns)], input=examples, capture_output=True,
+                          text=True, check=False)
+    assert done.stderr == ""
+    assert done.stdout.strip() == str(len(rule.spec.examples))
