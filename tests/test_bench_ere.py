@@ -11,8 +11,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from bench.ere import to_ere
+
 from kcover.classify.rules import Rule, load_catalog_files, shipped_catalog_files
 
 RULES = [rule for rule in load_catalog_files(shipped_catalog_files()) if rule.spec.patterns]

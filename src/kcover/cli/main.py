@@ -12,7 +12,7 @@ import sys
 import typer
 
 from kcover.classify.rules import CatalogError
-from kcover.cli import demo_cmd, explain_cmd, history_cmd, run_cmd
+from kcover.cli import demo_cmd, explain_cmd, history_cmd, k8s_cmd, run_cmd
 
 app = typer.Typer(
     name="kcover",
@@ -25,6 +25,9 @@ app.command("explain")(explain_cmd.explain)
 app.command("run", context_settings={"allow_interspersed_args": False})(run_cmd.run)
 app.command("history")(history_cmd.history)
 app.command("demo")(demo_cmd.demo)
+app.command("agent")(k8s_cmd.agent)
+app.command("operator")(k8s_cmd.operator)
+app.command("status")(k8s_cmd.status)
 
 
 @app.callback()

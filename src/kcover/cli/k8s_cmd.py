@@ -1,0 +1,90 @@
+"""``kcover agent``, ``kcover operator`` and ``kcover status``: the Kubernetes side of the CLI.
+
+All three read a kubeconfig (``--kubeconfig`` or ``KUBECONFIG``) or, inside a
+pod, the service account.  They need the ``kcover[k8s]`` extra.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+
+def _connect(kubeconfig: Path | None) -> Any:
+    try:
+        from kubernetes import client, config
+    except ImportError:
+        typer.echo("kcover: this command needs the Kubernetes client: pip install 'kcover[k8s]'", err=True)
+        raise typer.Exit(2) from None
+    if kubeconfig is not None:
+        os.environ["KUBECONFIG"] = str(kubeconfig)  # kopf's login reads it too
+    try:
+        if kubeconfig is not None or os.environ.get("KUBECONFIG"):
+            config.load_kube_config(config_file=str(kubeconfig) if kubeconfig else None)
+        else:
+            config.load_incluster_config()
+    except (config.ConfigException, OSError) as error:
+        typer.echo(f"kcover: cannot load Kubernetes credentials: {error}", err=True)
+        raise typer.Exit(2) from None
+    return client.ApiClient()
+
+
+def agent(
+    node: Annotated[str, typer.Option(envvar="NODE_NAME", help="This node's name (downward API).")],
+    log_root: Annotated[Path, typer.Option(help="Root of the CRI container logs.")] = Path("/var/log/pods"),
+    kmsg: Annotated[Path | None, typer.Option(help="Kernel log device or file; '' to disable.")]
+    = Path("/dev/kmsg"),
+    state_dir: Annotated[Path, typer.Option(help="Where offsets survive restarts (hostPath).")]
+    = Path("/var/lib/kcover"),
+    kubeconfig: Annotated[Path | None, typer.Option(help="Kubeconfig (default: in-cluster).")] = None,
+) -> None:
+    """Node agent: classify container and kernel logs on this node, report faults to the API."""
+    from kcover.k8s.agent.loop import Agent
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    api = _connect(kubeconfig)
+    kernel = kmsg if kmsg is not None and str(kmsg) not in ("", ".") and kmsg.exists() else None
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    Agent(api, node, log_root, kernel, state_dir).run(stop)
+
+
+def operator(
+    namespace: Annotated[str, typer.Option(envvar="POD_NAMESPACE", help="The operator's namespace (Lease, "
+                                                                         "cluster-wide RecoveryPolicy).")]
+    = "kcover-system",
+    identity: Annotated[str, typer.Option(envvar="POD_NAME", help="This replica's identity for the Lease.")]
+    = "kcover-operator",
+    lease_seconds: Annotated[float, typer.Option(help="Leader lease duration.")] = 15.0,
+    metrics_port: Annotated[int | None, typer.Option(help="Serve Prometheus metrics on this port.")] = None,
+    kubeconfig: Annotated[Path | None, typer.Option(help="Kubeconfig (default: in-cluster).")] = None,
+) -> None:
+    """Recovery operator: restart, quarantine or fail opted-in jobs by their root cause."""
+    _connect(kubeconfig)
+    from kcover.k8s.operator.main import Config, run
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    run(Config(namespace=namespace, identity=identity, lease_seconds=lease_seconds, metrics_port=metrics_port))
+
+
+def status(
+    kubeconfig: Annotated[Path | None, typer.Option(help="Kubeconfig (default: KUBECONFIG).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Opted-in jobs (state, restarts, last root cause) and the nodes kcover quarantined."""
+    from kcover.k8s.status import collect_status, print_status
+
+    api = _connect(kubeconfig)
+    report = collect_status(api)
+    if as_json:
+        typer.echo(json.dumps(report, indent=2))
+    else:
+        print_status(report)

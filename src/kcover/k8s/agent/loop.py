@@ -1,0 +1,109 @@
+"""The agent's loop: tail, classify, report — every :data:`POLL_SECONDS`, for one node.
+
+Container logs of opted-in pods are scanned block by block with the shared
+catalog matcher; each new distinct fault is reported at once (an Event) and
+recorded on its pod, repeats only counted.  Kernel messages are node-level:
+they set the node condition and are recorded on every opted-in pod of the node
+(the job on a broken node must learn of it).  Offsets are saved after every
+round that read something, so a restart neither misses nor repeats a report.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+
+from kubernetes import client
+
+from kcover.classify.collector import FaultCollector, SourceInfo
+from kcover.classify.matcher import Matcher
+from kcover.collect.lines import clean_block
+from kcover.explain import default_matcher
+from kcover.k8s.agent.pods import PodDirectory, PodInfo
+from kcover.k8s.agent.report import Reporter
+from kcover.k8s.agent.tail import KernelLog, Tailer, find_container_logs
+
+POLL_SECONDS = 0.2
+log = logging.getLogger("kcover.agent")
+
+
+class Agent:
+    def __init__(self, api: client.ApiClient, node: str, log_root: Path, kmsg: Path | None, state_dir: Path,
+                 matcher: Matcher | None = None) -> None:
+        self.node = node
+        self.log_root = log_root
+        self.matcher = matcher or default_matcher()
+        self.pods = PodDirectory(api, node)
+        self.reporter = Reporter(api, node)
+        self.tailer = Tailer(state_dir / f"offsets-{node}.json")
+        self.kernel = KernelLog(kmsg, self.tailer) if kmsg is not None else None
+        self.collectors: dict[str, FaultCollector] = {}
+        self.node_faults = FaultCollector()
+        self.lines_read = 0
+
+    def run(self, stop: threading.Event) -> None:
+        log.info("kcover agent on node %s: logs %s", self.node, self.log_root)
+        while not stop.is_set():
+            began = time.monotonic()
+            try:
+                self.poll_once()
+            except Exception:
+                log.exception("agent round failed; continuing")
+            stop.wait(max(0.0, POLL_SECONDS - (time.monotonic() - began)))
+        self.reporter.flush(force=True)
+        self.tailer.save()
+
+    def poll_once(self) -> int:
+        """One round; returns the number of new faults."""
+        pods = self.pods.refresh()
+        new = 0
+        read_any = False
+        for container in find_container_logs(self.log_root):
+            pod = pods.get(container.uid)
+            if pod is None:
+                continue
+            found = self.tailer.read(container.path)
+            if found is None:
+                continue
+            read_any = True
+            block, first = found
+            new += self._scan(pod, clean_block(block), first, f"{container.container}/{container.path.name}")
+        if self.kernel is not None:
+            kernel_block = self.kernel.read()
+            if kernel_block:
+                read_any = True
+                new += self._kernel(clean_block(kernel_block), pods)
+        self.reporter.flush()
+        if read_any:
+            self.tailer.save()
+        return new
+
+    def _scan(self, pod: PodInfo, block: bytes, first: int, container: str) -> int:
+        collector = self.collectors.setdefault(pod.uid, FaultCollector())
+        source = SourceInfo(name=f"{pod.name}/{container}", rank=pod.rank, node=self.node)
+        self.lines_read += block.count(b"\n")
+        new = 0
+        for hit in self.matcher.scan_block(block, first):
+            fault = collector.add_hit(source, hit)
+            if fault is not None:
+                new += 1
+                self.reporter.new_fault(pod, fault)
+        for fault in collector.faults:
+            self.reporter.counted(pod, fault)
+        return new
+
+    def _kernel(self, block: bytes, pods: dict[str, PodInfo]) -> int:
+        source = SourceInfo(name=f"{self.node}/kmsg", node=self.node)
+        new = 0
+        for hit in self.matcher.scan_block(block, 1):
+            fault = self.node_faults.add_hit(source, hit)
+            if fault is None:
+                continue
+            new += 1
+            if fault.is_fatal or fault.node_at_fault:
+                self.reporter.node_unhealthy(fault)
+            for pod in pods.values():
+                self.reporter.new_fault(pod, fault)
+        return new

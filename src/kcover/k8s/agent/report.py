@@ -1,0 +1,154 @@
+"""Telling the API server what the agent saw: Events, pod fault records, the node condition.
+
+Each new distinct fault becomes a Kubernetes Event on its pod at once (reason
+``KcoverFault``, the rule and the evidence line in the message); the pod's
+``kcover.io/faults`` annotation carries the durable record the operator reads,
+rewritten at most once a second per pod however fast a flood repeats (repeats
+only raise counts).  Node-level faults (the kernel log) also set the node
+condition ``KcoverHealthy=False``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+import time
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from kcover.faults import Fault, Severity
+from kcover.k8s import wire
+from kcover.k8s.agent.pods import PodInfo
+from kcover.k8s.names import HEALTH_CONDITION, POD_FAULTS
+
+WRITE_INTERVAL = 1.0
+_DIGITS = re.compile(r"\d+")
+
+
+def _shape(line: str) -> str:
+    return _DIGITS.sub("#", line[:200])
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def _camel(text: str) -> str:
+    return "".join(part.capitalize() for part in text.replace(".", "_").replace("-", "_").split("_"))
+
+
+class PodRecord:
+    """The faults recorded on one pod: what was there before this agent started, plus new ones."""
+
+    def __init__(self, pod: PodInfo, earlier: list[dict[str, Any]]) -> None:
+        self.pod = pod
+        self.earlier = earlier
+        self.faults: dict[tuple[str, str, str], Fault] = {}
+        self.dirty = False
+        self.written = 0.0
+
+    def merge(self, fault: Fault) -> None:
+        key = (fault.evidence.source, fault.rule, fault.evidence.line[:200])
+        self.faults[key] = fault
+        self.dirty = True
+
+    def known(self, fault: Fault) -> bool:
+        """True when an earlier agent already reported this fault (same source, rule and line shape)."""
+        shape = _shape(fault.evidence.line)
+        return any(r.get("source") == fault.evidence.source and r.get("rule") == fault.rule
+                   and _shape(str(r.get("line", ""))) == shape for r in self.earlier)
+
+    def records(self) -> list[dict[str, Any]]:
+        """Earlier records (counts carried on) followed by this agent's new ones."""
+        merged = [dict(r) for r in self.earlier]
+        index = {(r.get("source"), r.get("rule"), _shape(str(r.get("line", "")))): r for r in merged}
+        for fault in self.faults.values():
+            fresh = wire.fault_record(fault)
+            match = index.get((fresh["source"], fresh["rule"], _shape(fresh["line"])))
+            if match is None:
+                merged.append(fresh)
+            else:
+                match["count"] = int(match.get("count", 1)) + fault.count
+        return merged[: wire.MAX_RECORDS]
+
+
+class Reporter:
+    def __init__(self, api: client.ApiClient, node: str) -> None:
+        self.core = client.CoreV1Api(api)
+        self.node = node
+        self.pods: dict[str, PodRecord] = {}
+        self.events_sent = 0
+
+    def record_for(self, pod: PodInfo) -> PodRecord:
+        record = self.pods.get(pod.uid)
+        if record is None:
+            earlier: list[dict[str, Any]] = []
+            try:
+                body = self.core.read_namespaced_pod(pod.name, pod.namespace)
+                text = (body.metadata.annotations or {}).get(POD_FAULTS)
+                earlier = json.loads(text) if text else []
+            except (ApiException, ValueError):
+                earlier = []
+            record = PodRecord(pod, earlier if isinstance(earlier, list) else [])
+            self.pods[pod.uid] = record
+        return record
+
+    def new_fault(self, pod: PodInfo, fault: Fault) -> None:
+        """A fault seen for the first time by this agent: an Event now (unless reported before a restart)."""
+        record = self.record_for(pod)
+        known = record.known(fault)
+        record.merge(fault)
+        if known:
+            return
+        now = _now()
+        event = client.CoreV1Event(
+            metadata=client.V1ObjectMeta(generate_name=f"{pod.name}.kcover-", namespace=pod.namespace),
+            involved_object=client.V1ObjectReference(kind="Pod", name=pod.name, namespace=pod.namespace,
+                                                     uid=pod.uid, api_version="v1"),
+            reason="KcoverFault",
+            message=f"{fault.category.value} ({fault.rule}): {fault.evidence.line[:900]}",
+            type="Warning" if fault.severity is Severity.FATAL else "Normal",
+            source=client.V1EventSource(component="kcover-agent", host=self.node),
+            reporting_component="kcover.io/agent", reporting_instance=self.node,
+            first_timestamp=now, last_timestamp=now, event_time=now.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            action="Classified", count=1,
+        )
+        try:
+            self.core.create_namespaced_event(pod.namespace, event)
+            self.events_sent += 1
+        except ApiException:
+            pass  # an Event is best-effort; the durable record below is what the operator reads
+
+    def counted(self, pod: PodInfo, fault: Fault) -> None:
+        self.record_for(pod).merge(fault)
+
+    def flush(self, force: bool = False) -> int:
+        """Write the dirty pod records (rate-limited per pod); returns how many were written."""
+        written = 0
+        now = time.monotonic()
+        for uid, record in list(self.pods.items()):
+            if not record.dirty or (not force and now - record.written < WRITE_INTERVAL):
+                continue
+            patch = {"metadata": {"annotations": {POD_FAULTS: json.dumps(record.records(), separators=(",", ":"))}}}
+            try:
+                self.core.patch_namespaced_pod(record.pod.name, record.pod.namespace, patch)
+                written += 1
+            except ApiException as error:
+                if error.status == 404:
+                    del self.pods[uid]
+                    continue
+                raise
+            record.dirty = False
+            record.written = now
+        return written
+
+    def node_unhealthy(self, fault: Fault) -> None:
+        """Set ``KcoverHealthy=False`` on this node with the fault as reason."""
+        now = _now().strftime("%Y-%m-%dT%H:%M:%SZ")
+        condition = {"type": HEALTH_CONDITION, "status": "False", "reason": _camel(fault.category.value),
+                     "message": f"{fault.rule}: {fault.evidence.line[:300]}", "lastTransitionTime": now,
+                     "lastHeartbeatTime": now}
+        self.core.patch_node_status(self.node, {"status": {"conditions": [condition]}})

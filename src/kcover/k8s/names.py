@@ -1,0 +1,31 @@
+"""Every label, annotation, taint and condition kcover reads or writes on Kubernetes objects.
+
+A job opts in with the original project's label, so its users switch without
+relabelling.  Per-job overrides are annotations on the job; kcover's own
+bookkeeping lives in annotations it owns (``kcover.io/recovery`` on the job,
+``kcover.io/faults`` on pods, ``kcover.io/quarantined`` on nodes).
+"""
+
+from __future__ import annotations
+
+OPT_IN_LABEL = "kcover.io/cascading-recovery"
+OPT_IN_VALUE = "true"
+
+# per-job overrides (annotations on the job)
+MAX_RESTARTS = "kcover.io/max-restarts"
+USER_CODE_RETRIES = "kcover.io/user-code-retries"
+EXCLUDE_NODES = "kcover.io/exclude-nodes"
+GRACE_PERIOD = "kcover.io/grace-period"
+OVERRIDES = (MAX_RESTARTS, USER_CODE_RETRIES, EXCLUDE_NODES, GRACE_PERIOD)
+
+# kcover's own records
+RECOVERY = "kcover.io/recovery"
+STATE = "kcover.io/state"
+REASON = "kcover.io/reason"
+POD_FAULTS = "kcover.io/faults"
+QUARANTINED = "kcover.io/quarantined"
+QUARANTINE_TAINT = "kcover.io/quarantine"
+HEALTH_CONDITION = "KcoverHealthy"
+EVIDENCE_LABEL = "kcover.io/evidence-for"
+
+FIELD_MANAGER = "kcover"

@@ -1,0 +1,165 @@
+"""Carrying a decision out through the API: claim, keep evidence, quarantine, restart or fail.
+
+A restart is a small saga recorded in the job's ``kcover.io/recovery``
+annotation, so that an operator that dies half-way, or a second replica, can
+finish it exactly once:
+
+1. **claim** — write the new state with ``phase: restarting`` and the restart
+   time, conditional on the job's resourceVersion (a 409 means another replica
+   acted first: stop);
+2. **evidence** — a ConfigMap ``kcover-evidence-<job>-<attempt>`` (owned by
+   the job) with the verdict and the last lines of every failing pod, before a
+   pod is deleted (deleting pods used to delete the only copy of their logs);
+3. **quarantine** the blamed nodes (never the cascade victims);
+4. **stop the pods** listed in the claim, so SIGTERM lets workers write an
+   emergency checkpoint: a Job or JobSet is suspended (its controller stops
+   them, see :mod:`kcover.k8s.kinds`), a PyTorchJob's pods are deleted with a
+   grace period;
+5. **done** — ``phase: running`` (a suspended job is resumed, and its
+   controller starts fresh pods).
+
+Steps 2–5 are idempotent; :func:`resume` replays them for a job found in
+``restarting``.  Failing a job fast suspends it and says why in one line.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from kcover.faults import Verdict
+from kcover.k8s.names import FIELD_MANAGER, REASON, RECOVERY, STATE
+from kcover.k8s.operator.views import JobView, PodView, utc_now
+from kcover.k8s.quarantine import Quarantine
+from kcover.report import verdict_to_dict
+
+log = logging.getLogger("kcover.operator")
+EVIDENCE_LINES = 200
+
+
+class Conflict(Exception):  # noqa: N818 - a normal outcome, not an error: another replica acted first
+    """The job changed since it was read: someone else is acting on it."""
+
+
+class Actuator:
+    def __init__(self, api: client.ApiClient, quarantine: Quarantine) -> None:
+        self.api = api
+        self.core = client.CoreV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+        self.batch = client.BatchV1Api(api)
+        self.quarantine = quarantine
+
+    # -- job annotations -------------------------------------------------------------------------
+    def patch_job(self, job: JobView, patch: dict[str, Any], conditional: bool = False) -> None:
+        if conditional:
+            patch = {**patch, "metadata": {**patch.get("metadata", {}), "resourceVersion": job.resource_version}}
+        kind = job.kind
+        try:
+            if kind.group == "batch":
+                self.batch.patch_namespaced_job(job.name, job.namespace, patch, field_manager=FIELD_MANAGER)
+            else:
+                self.custom.patch_namespaced_custom_object(kind.group, kind.version, job.namespace, kind.plural,
+                                                           job.name, patch)
+        except ApiException as error:
+            if error.status == 409:
+                raise Conflict(f"{job.kind.kind} {job.namespace}/{job.name} changed") from None
+            raise
+
+    def event(self, job: JobView, reason: str, message: str, warning: bool = False) -> None:
+        now = utc_now()
+        body = client.CoreV1Event(
+            metadata=client.V1ObjectMeta(generate_name=f"{job.name}.kcover-", namespace=job.namespace),
+            involved_object=client.V1ObjectReference(kind=job.kind.kind, name=job.name, namespace=job.namespace,
+                                                     uid=job.uid, api_version=job.kind.api_version),
+            reason=reason, message=message[:1000], type="Warning" if warning else "Normal",
+            source=client.V1EventSource(component="kcover-operator"), first_timestamp=now, last_timestamp=now,
+            count=1,
+        )
+        try:
+            self.core.create_namespaced_event(job.namespace, body)
+        except ApiException as error:
+            log.warning("could not post event on %s/%s: %s", job.namespace, job.name, error.reason)
+
+    # -- restart ---------------------------------------------------------------------------------
+    def claim_restart(self, job: JobView, state: dict[str, Any], verdict: Verdict, reason: str,
+                      not_before: str, pods: Sequence[PodView]) -> dict[str, Any]:
+        attempt = int(job.recovery().get("attempt", 1)) + 1
+        recovery = {**state, "attempt": attempt, "phase": "restarting", "restarted_at": utc_now(),
+                    "not_before": not_before, "replaced": [p.uid for p in pods],
+                    "last": {**verdict_to_dict(verdict), "decision": reason}}
+        patch = {"metadata": {"annotations": {RECOVERY: json.dumps(recovery), STATE: "restarting",
+                                              REASON: reason[:500]}}}
+        self.patch_job(job, patch, conditional=True)
+        return recovery
+
+    def keep_evidence(self, job: JobView, recovery: dict[str, Any], pods: Sequence[PodView],
+                      failing: Sequence[str]) -> None:
+        name = f"kcover-evidence-{job.name}-{recovery['attempt'] - 1}"[:253]
+        data = {"verdict.json": json.dumps(recovery.get("last", {}), indent=2)}
+        for pod in pods:
+            if pod.name not in failing:
+                continue
+            lines = [f.evidence.line for f in pod.faults]
+            try:
+                tail = self.core.read_namespaced_pod_log(pod.name, pod.namespace, tail_lines=EVIDENCE_LINES)
+                lines.append(str(tail))
+            except ApiException as error:
+                lines.append(f"(container log unavailable: {error.status} {error.reason})")
+            data[f"{pod.name}.log"] = "\n".join(lines)[-100_000:]
+        owner = client.V1OwnerReference(api_version=job.kind.api_version, kind=job.kind.kind, name=job.name,
+                                        uid=job.uid)
+        body = client.V1ConfigMap(
+            metadata=client.V1ObjectMeta(name=name, namespace=job.namespace, owner_references=[owner],
+                                         labels={"kcover.io/evidence-for": job.name[:63]}),
+            data=data,
+        )
+        try:
+            self.core.create_namespaced_config_map(job.namespace, body)
+        except ApiException as error:
+            if error.status != 409:
+                raise
+
+    def delete_pods(self, pods: Sequence[PodView], replaced: Sequence[str], grace: int) -> int:
+        """Delete the pods the restart replaces (those still there and not already going)."""
+        deleted = 0
+        doomed = set(replaced)
+        for pod in pods:
+            if pod.deleting or pod.uid not in doomed:
+                continue
+            try:
+                self.core.delete_namespaced_pod(pod.name, pod.namespace, grace_period_seconds=grace)
+                deleted += 1
+            except ApiException as error:
+                if error.status != 404:
+                    raise
+        return deleted
+
+    def suspend_for_restart(self, job: JobView, recovery: dict[str, Any]) -> None:
+        """Native restart, first half: suspend (the job's controller stops every pod)."""
+        step = {**recovery, "step": "suspended"}
+        self.patch_job(job, {**job.kind.suspend_patch(True), "metadata": {"annotations": {RECOVERY: json.dumps(step)}}})
+
+    def finish_restart(self, job: JobView, recovery: dict[str, Any]) -> None:
+        done = {k: v for k, v in recovery.items() if k != "step"} | {"phase": "running"}
+        patch: dict[str, Any] = {"metadata": {"annotations": {RECOVERY: json.dumps(done), STATE: "running"}}}
+        if job.kind.restart_by_suspend:
+            patch |= job.kind.suspend_patch(False)
+        self.patch_job(job, patch)
+
+    # -- fail fast -------------------------------------------------------------------------------
+    def fail(self, job: JobView, state: dict[str, Any], verdict: Verdict, reason: str) -> None:
+        recovery = {**job.recovery(), **state, "phase": "failed", "last": {**verdict_to_dict(verdict),
+                                                                            "decision": reason}}
+        patch: dict[str, Any] = {"metadata": {"annotations": {RECOVERY: json.dumps(recovery), STATE: "failed",
+                                                              REASON: reason[:500]}}}
+        self.patch_job(job, patch, conditional=True)
+        try:
+            self.patch_job(job, job.kind.suspend_patch())
+        except ApiException as error:
+            log.warning("could not suspend %s/%s: %s", job.namespace, job.name, error.reason)
+        self.event(job, "KcoverFailed", f"kcover stopped recovering this job: {reason}", warning=True)

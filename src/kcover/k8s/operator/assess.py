@@ -1,0 +1,94 @@
+"""Has this job failed, why, and what now? The operator's pure decision step.
+
+Inputs are plain views (a job, its pods) and the recovery state kept in the
+job's ``kcover.io/recovery`` annotation; the output is an :class:`Assessment`:
+no failure, or a verdict plus the policy's decision.  Evidence comes from the
+agent's fault records on the pods and from each pod's termination state (exit
+codes, ``OOMKilled``, ``Evicted``) mapped through the same catalog.  Pods
+being deleted, and pods the last restart replaced, are ignored, so one
+failure is never acted on twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kcover.classify.attribution import attribute
+from kcover.classify.collector import FaultCollector
+from kcover.classify.exit_codes import describe_exit, rule_for_exit, rule_for_reason
+from kcover.classify.rules import Rule
+from kcover.decide.policy import AttemptEnd, Decision, PastFailure, RecoveryPolicy, RecoveryState, decide
+from kcover.faults import Category, Evidence, Verdict
+from kcover.k8s.operator.views import JobView, PodView
+
+
+@dataclass(frozen=True)
+class Assessment:
+    failed: bool
+    verdict: Verdict | None = None
+    decision: Decision | None = None
+    state: RecoveryState | None = None
+    failing_pods: tuple[str, ...] = ()
+
+
+def state_from(recovery: dict[str, Any]) -> RecoveryState:
+    failures = tuple(
+        PastFailure(Category(f["category"]) if f.get("category") else None, f.get("rule"), f.get("hung_at_step"))
+        for f in recovery.get("failures", []) if isinstance(f, dict)
+    )
+    return RecoveryState(restarts=int(recovery.get("restarts", 0)), failures=failures,
+                         excluded=tuple(recovery.get("excluded", [])))
+
+
+def state_to(state: RecoveryState) -> dict[str, Any]:
+    return {
+        "restarts": state.restarts,
+        "failures": [{"category": f.category.value if f.category else None, "rule": f.rule,
+                      "hung_at_step": f.hung_at_step} for f in state.failures][-20:],
+        "excluded": list(state.excluded),
+    }
+
+
+def current_pods(job: JobView, pods: Sequence[PodView]) -> list[PodView]:
+    """The pods of the job's current attempt: not being deleted, not replaced by the last restart."""
+    replaced = set(job.recovery().get("replaced", []))
+    return [p for p in pods if not p.deleting and p.uid not in replaced]
+
+
+def _pod_failed(pod: PodView) -> bool:
+    return pod.phase == "Failed" or bool(pod.terminations) or any(f.is_fatal for f in pod.faults)
+
+
+def evidence(pods: Sequence[PodView], rules: Sequence[Rule]) -> FaultCollector:
+    collector = FaultCollector()
+    for pod in pods:
+        for fault in pod.faults:
+            rule = next((r for r in rules if r.id == fault.rule), None)
+            if rule is not None:
+                collector.add(rule, fault.evidence)
+        reasons = [t.reason for t in pod.terminations] + ([pod.reason] if pod.reason else [])
+        for reason in reasons:
+            by_reason = rule_for_reason(rules, reason)
+            if by_reason is not None:
+                collector.add(by_reason, Evidence(source=pod.name, line=f"pod {pod.name}: reason {reason}",
+                                                  rank=pod.rank, node=pod.node))
+        for termination in pod.terminations:
+            by_code = rule_for_exit(rules, termination.exit_code)
+            if by_code is not None:
+                line = f"container {termination.container}: {describe_exit(termination.exit_code)}"
+                collector.add(by_code, Evidence(source=pod.name, line=line, rank=pod.rank, node=pod.node))
+    return collector
+
+
+def assess(job: JobView, pods: Sequence[PodView], rules: Sequence[Rule], policy: RecoveryPolicy) -> Assessment:
+    current = current_pods(job, pods)
+    failing = [p for p in current if _pod_failed(p)]
+    if not failing:
+        return Assessment(failed=False)
+    verdict = attribute(evidence(current, rules).faults)
+    nodes = tuple(sorted({p.node for p in current if p.node}))
+    state = state_from(job.recovery())
+    decision, new_state = decide(policy, state, AttemptEnd(verdict, nodes))
+    return Assessment(True, verdict, decision, new_state, tuple(p.name for p in failing))

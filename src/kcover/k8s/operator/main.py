@@ -1,0 +1,249 @@
+"""The operator process: kopf watches pods and jobs; one evaluator acts on the jobs that changed.
+
+kopf keeps resilient watches on pods and on the three job kinds (event
+handlers only: kcover adds no finalizers and no bookkeeping to users' objects).
+Each event refreshes an in-memory view and marks the job dirty; the evaluator
+task, on the replica holding the leader Lease, assesses dirty jobs after a short
+settle (so the cascade of pod failures of one incident is judged once, with all
+its evidence) and carries the decision out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+from kubernetes import client
+
+from kcover.classify.rules import Rule
+from kcover.decide.policy import DecisionKind
+from kcover.explain import default_matcher
+from kcover.k8s.kinds import KINDS
+from kcover.k8s.operator import metrics
+from kcover.k8s.operator.actuate import Actuator, Conflict
+from kcover.k8s.operator.assess import Assessment, assess, state_to
+from kcover.k8s.operator.leader import LeaderElection
+from kcover.k8s.operator.policy import GROUP, PLURAL, VERSION, JobPolicy, from_resource, with_annotations
+from kcover.k8s.operator.views import JobView, PodView, job_view, pod_view, utc_now
+from kcover.k8s.quarantine import Quarantine
+
+log = logging.getLogger("kcover.operator")
+SETTLE_SECONDS = 0.3
+TICK_SECONDS = 0.1
+
+
+@dataclass
+class Config:
+    namespace: str = "kcover-system"
+    identity: str = "kcover-operator"
+    lease_seconds: float = 15.0
+    metrics_port: int | None = None
+
+
+@dataclass
+class World:
+    """What the watches have shown so far, and which jobs need a look."""
+
+    pods: dict[str, PodView] = field(default_factory=dict)
+    jobs: dict[tuple[str, str, str], JobView] = field(default_factory=dict)
+    dirty: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    warned: set[tuple[tuple[str, str, str], str]] = field(default_factory=set)
+
+    def pods_of(self, job: JobView) -> list[PodView]:
+        return [p for p in self.pods.values() if p.namespace == job.namespace and p.job == (job.kind.kind, job.name)]
+
+    def mark(self, key: tuple[str, str, str]) -> None:
+        self.dirty.setdefault(key, time.monotonic())
+
+
+WORLD = World()
+CONFIG = Config()
+
+
+@kopf.on.startup()
+async def _startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+    settings.posting.enabled = False
+    settings.watching.server_timeout = 60
+    asyncio.get_running_loop().create_task(_evaluate_forever())
+
+
+@kopf.on.login()
+def _login(**kwargs: Any) -> Any:
+    if os.environ.get("KUBECONFIG"):
+        return kopf.login_with_kubeconfig(**kwargs)
+    return kopf.login_with_service_account(**kwargs)
+
+
+@kopf.on.event("", "v1", "pods")
+def _on_pod(type: str, body: kopf.Body, **_: Any) -> None:
+    uid = body.get("metadata", {}).get("uid", "")
+    view = pod_view(body, _remediations())
+    if type == "DELETED":
+        WORLD.pods.pop(uid, None)
+    elif view.job is not None:
+        WORLD.pods[uid] = view
+    if view.job is not None:
+        WORLD.mark((view.job[0], view.namespace, view.job[1]))
+
+
+def _job_handler(kind: str) -> Any:
+    def handler(type: str, body: kopf.Body, **_: Any) -> None:
+        view = job_view(kind, body)
+        if type == "DELETED":
+            WORLD.jobs.pop(view.key, None)
+            return
+        WORLD.jobs[view.key] = view
+        if view.opted_in:
+            WORLD.mark(view.key)
+
+    return handler
+
+
+for _kind in KINDS.values():
+    kopf.on.event(_kind.group, _kind.version, _kind.plural)(_job_handler(_kind.kind))
+
+
+# -- evaluation -----------------------------------------------------------------------------------
+_RULES: list[Rule] = []
+
+
+def _rules() -> list[Rule]:
+    if not _RULES:
+        _RULES.extend(default_matcher().rules)
+    return _RULES
+
+
+def _remediations() -> dict[str, str]:
+    return {rule.id: rule.spec.remediation.strip() for rule in _rules()}
+
+
+async def _evaluate_forever() -> None:
+    api = client.ApiClient()
+    actuator = Actuator(api, Quarantine(api))
+    leader = LeaderElection(api, CONFIG.namespace, CONFIG.identity, duration=CONFIG.lease_seconds)
+    renewed = 0.0
+    while True:
+        now = time.monotonic()
+        if now - renewed >= CONFIG.lease_seconds / 3 or not leader.leader:
+            await asyncio.to_thread(leader.tick)
+            renewed = now
+        if leader.leader:
+            due = [key for key, since in WORLD.dirty.items() if now - since >= SETTLE_SECONDS]
+            for key in due:
+                WORLD.dirty.pop(key, None)
+                job = WORLD.jobs.get(key)
+                if job is None or not job.opted_in:
+                    continue
+                try:
+                    again = await asyncio.to_thread(_evaluate, actuator, job)
+                except Conflict:
+                    again = True
+                except Exception:
+                    log.exception("evaluating %s failed", key)
+                    again = True
+                if again:
+                    WORLD.mark(key)
+        await asyncio.sleep(TICK_SECONDS)
+
+
+def _policy(api: client.ApiClient, actuator: Actuator, job: JobView) -> JobPolicy:
+    policy = JobPolicy()
+    custom = client.CustomObjectsApi(api)
+    for namespace in (CONFIG.namespace, job.namespace):
+        try:
+            body = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "default")
+            policy = from_resource(policy, body.get("spec", {}))
+        except client.exceptions.ApiException:
+            continue
+    policy, warnings = with_annotations(policy, job.annotations)
+    for warning in warnings:
+        if (job.key, warning) not in WORLD.warned:
+            WORLD.warned.add((job.key, warning))
+            actuator.event(job, "KcoverBadAnnotation", warning, warning=True)
+    return policy
+
+
+def _evaluate(actuator: Actuator, job: JobView) -> bool:
+    """Assess one job and act; returns True when it should be looked at again soon."""
+    recovery = job.recovery()
+    if recovery.get("phase") == "failed" or job.finished:
+        return False
+    policy = _policy(actuator.api, actuator, job)
+    if recovery.get("phase") == "restarting":
+        return _resume(actuator, job, recovery, policy)
+    if job.suspended:
+        return False
+    assessment = assess(job, WORLD.pods_of(job), _rules(), policy.recovery)
+    if not assessment.failed:
+        return False
+    return _act(actuator, job, assessment, policy)
+
+
+def _act(actuator: Actuator, job: JobView, assessment: Assessment, policy: JobPolicy) -> bool:
+    verdict, decision, state = assessment.verdict, assessment.decision, assessment.state
+    assert verdict is not None and decision is not None and state is not None
+    root = verdict.root
+    if root is not None:
+        metrics.FAULTS.labels(root.category.value, root.rule).inc()
+    log.info("%s %s/%s: %s", job.kind.kind, job.namespace, job.name, decision.reason)
+    if decision.kind is DecisionKind.FAIL:
+        actuator.fail(job, state_to(state), verdict, decision.reason)
+        metrics.FAILED.labels(root.category.value if root else "unknown").inc()
+        return False
+    not_before = (dt.datetime.now(dt.UTC) + dt.timedelta(seconds=decision.delay)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    recovery = actuator.claim_restart(job, state_to(state), verdict, decision.reason, not_before,
+                                      WORLD.pods_of(job))
+    actuator.event(job, "KcoverRestart", f"restarting: {decision.reason}", warning=True)
+    actuator.keep_evidence(job, recovery, WORLD.pods_of(job), assessment.failing_pods)
+    if decision.excluded and policy.quarantine:
+        actuator.quarantine.max_share = policy.quarantine_max_share
+        for node in decision.excluded:
+            result = actuator.quarantine.quarantine(node, root.rule if root else "fault", verdict.reason)
+            if not result.done:
+                metrics.BREAKER.inc()
+            actuator.event(job, "KcoverQuarantine" if result.done else "KcoverQuarantineRefused",
+                           f"node {node}: {result.reason}", warning=not result.done)
+        metrics.QUARANTINED.set(len(actuator.quarantine.quarantined()))
+    return _resume(actuator, job, recovery, policy, started=time.monotonic())
+
+
+def _resume(actuator: Actuator, job: JobView, recovery: dict[str, Any], policy: JobPolicy,
+            started: float | None = None) -> bool:
+    """Finish a claimed restart (idempotent): wait out the backoff, delete old pods, mark running."""
+    if recovery.get("not_before", "") > utc_now():
+        return True
+    pods = WORLD.pods_of(job)
+    replaced = set(recovery.get("replaced", []))
+    if job.kind.restart_by_suspend:
+        if recovery.get("step") != "suspended":
+            actuator.suspend_for_restart(job, recovery)
+            return True
+        if any(p.uid in replaced and p.phase not in ("Failed", "Succeeded") for p in pods):
+            return True  # the job's controller is still stopping the old pods
+        deleted = len(replaced)
+    else:
+        deleted = actuator.delete_pods(pods, list(replaced), policy.grace_period)
+    actuator.finish_restart(job, recovery)
+    metrics.RESTARTS.labels(job.kind.kind).inc()
+    if started is not None:
+        metrics.REACTION.observe(time.monotonic() - started)
+    log.info("%s %s/%s: restart %s done, %d pods deleted", job.kind.kind, job.namespace, job.name,
+             recovery.get("attempt"), deleted)
+    return False
+
+
+def run(config: Config) -> None:
+    """Run the operator until interrupted (``kcover operator``)."""
+    CONFIG.__dict__.update(config.__dict__)
+    if config.metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(config.metrics_port)
+    _rules()
+    kopf.run(clusterwide=True, standalone=True)

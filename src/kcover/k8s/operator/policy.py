@@ -1,0 +1,101 @@
+"""A job's recovery policy: built-in defaults, then the RecoveryPolicy resource, then the job's annotations.
+
+The RecoveryPolicy custom resource (``kcover.io/v1alpha1``) named ``default``
+sets defaults for its namespace; one named ``default`` in the operator's own
+namespace sets them for the whole cluster.  Its schema is enforced by the API
+server.  Per-job annotations override both.  A malformed annotation never
+crashes anything: it is reported (the caller posts a Warning Event naming the
+key and the value used) and the default applies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from kcover.decide.policy import RecoveryPolicy
+from kcover.k8s.names import EXCLUDE_NODES, GRACE_PERIOD, MAX_RESTARTS, USER_CODE_RETRIES
+
+GROUP, VERSION, PLURAL = "kcover.io", "v1alpha1", "recoverypolicies"
+
+
+@dataclass(frozen=True)
+class JobPolicy:
+    recovery: RecoveryPolicy = RecoveryPolicy(min_nodes=1)
+    grace_period: int = 30
+    quarantine_max_share: float = 0.1
+    quarantine: bool = True
+
+
+def from_resource(base: JobPolicy, spec: Mapping[str, Any]) -> JobPolicy:
+    """Apply a RecoveryPolicy's spec (already validated by the API server's schema)."""
+    recovery = base.recovery
+    if "maxRestarts" in spec:
+        recovery = replace(recovery, max_restarts=int(spec["maxRestarts"]))
+    if "userCodeRetries" in spec:
+        recovery = replace(recovery, user_code_retries=int(spec["userCodeRetries"]))
+    if "backoffSeconds" in spec:
+        recovery = replace(recovery, backoff_initial=float(spec["backoffSeconds"]))
+    if "excludeNodes" in spec:
+        recovery = replace(recovery, exclude_nodes=bool(spec["excludeNodes"]))
+    return JobPolicy(
+        recovery=recovery,
+        grace_period=int(spec.get("gracePeriodSeconds", base.grace_period)),
+        quarantine_max_share=float(spec.get("quarantineMaxShare", base.quarantine_max_share)),
+        quarantine=recovery.exclude_nodes,
+    )
+
+
+def _integer(text: str, low: int, high: int) -> int:
+    value = int(text)
+    if not low <= value <= high:
+        raise ValueError(f"must be between {low} and {high}")
+    return value
+
+
+def _boolean(text: str) -> bool:
+    if text.lower() in ("true", "yes", "1"):
+        return True
+    if text.lower() in ("false", "no", "0"):
+        return False
+    raise ValueError("must be true or false")
+
+
+def _set_max_restarts(policy: JobPolicy, text: str) -> JobPolicy:
+    return replace(policy, recovery=replace(policy.recovery, max_restarts=_integer(text, 0, 1000)))
+
+
+def _set_user_code_retries(policy: JobPolicy, text: str) -> JobPolicy:
+    return replace(policy, recovery=replace(policy.recovery, user_code_retries=_integer(text, 0, 100)))
+
+
+def _set_exclude_nodes(policy: JobPolicy, text: str) -> JobPolicy:
+    value = _boolean(text)
+    return replace(policy, recovery=replace(policy.recovery, exclude_nodes=value), quarantine=value)
+
+
+def _set_grace_period(policy: JobPolicy, text: str) -> JobPolicy:
+    return replace(policy, grace_period=_integer(text, 0, 3600))
+
+
+SETTERS: dict[str, Callable[[JobPolicy, str], JobPolicy]] = {
+    MAX_RESTARTS: _set_max_restarts,
+    USER_CODE_RETRIES: _set_user_code_retries,
+    EXCLUDE_NODES: _set_exclude_nodes,
+    GRACE_PERIOD: _set_grace_period,
+}
+
+
+def with_annotations(base: JobPolicy, annotations: Mapping[str, str]) -> tuple[JobPolicy, list[str]]:
+    """Apply per-job annotations; returns the policy and one warning per malformed key."""
+    policy = base
+    warnings = []
+    for key, setter in SETTERS.items():
+        if key not in annotations:
+            continue
+        try:
+            policy = setter(policy, annotations[key])
+        except ValueError as error:
+            warnings.append(f"annotation {key}={annotations[key]!r} ignored ({error}); using the default")
+    return policy, warnings

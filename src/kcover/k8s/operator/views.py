@@ -1,0 +1,114 @@
+"""Pods and jobs as the operator sees them: small frozen records built from raw API bodies.
+
+kopf hands handlers plain dictionaries; these functions keep every field
+access in one place, so the decision code works on typed values and can be
+tested without an API server.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kcover.faults import Fault
+from kcover.k8s import wire
+from kcover.k8s.kinds import KINDS, JobKind, job_of_pod
+from kcover.k8s.names import OPT_IN_LABEL, OPT_IN_VALUE, POD_FAULTS, RECOVERY
+
+
+@dataclass(frozen=True)
+class Termination:
+    container: str
+    exit_code: int
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class PodView:
+    uid: str
+    namespace: str
+    name: str
+    node: str | None
+    phase: str
+    reason: str
+    created: str
+    deleting: bool
+    job: tuple[str, str] | None
+    rank: int | None
+    terminations: tuple[Termination, ...] = ()
+    faults: tuple[Fault, ...] = ()
+
+
+@dataclass(frozen=True)
+class JobView:
+    kind: JobKind
+    namespace: str
+    name: str
+    uid: str
+    resource_version: str
+    opted_in: bool
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    suspended: bool = False
+    finished: bool = False
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.kind.kind, self.namespace, self.name)
+
+    def recovery(self) -> dict[str, Any]:
+        try:
+            value = json.loads(self.annotations.get(RECOVERY, "{}"))
+        except json.JSONDecodeError:
+            return {}
+        return value if isinstance(value, dict) else {}
+
+
+def pod_view(body: Mapping[str, Any], remediation: dict[str, str] | None = None) -> PodView:
+    meta = body.get("metadata", {})
+    spec = body.get("spec", {})
+    status = body.get("status", {})
+    labels = dict(meta.get("labels") or {})
+    annotations = dict(meta.get("annotations") or {})
+    owner = job_of_pod(labels)
+    terminations = []
+    for container in status.get("containerStatuses") or []:
+        state = (container.get("state") or {}).get("terminated") or (container.get("lastState") or {}).get(
+            "terminated")
+        if state and state.get("exitCode", 0) != 0:
+            terminations.append(Termination(container.get("name", ""), int(state.get("exitCode", 0)),
+                                            state.get("reason") or "", state.get("message") or ""))
+    rank_text = annotations.get("batch.kubernetes.io/job-completion-index") or labels.get(
+        "training.kubeflow.org/replica-index")
+    return PodView(
+        uid=meta.get("uid", ""), namespace=meta.get("namespace", ""), name=meta.get("name", ""),
+        node=spec.get("nodeName"), phase=status.get("phase", ""), reason=status.get("reason") or "",
+        created=meta.get("creationTimestamp") or "", deleting=bool(meta.get("deletionTimestamp")),
+        job=(owner[0].kind, owner[1]) if owner else None,
+        rank=int(rank_text) if rank_text and rank_text.isdigit() else None,
+        terminations=tuple(terminations), faults=tuple(wire.decode(annotations.get(POD_FAULTS), remediation)),
+    )
+
+
+def job_view(kind: str, body: Mapping[str, Any]) -> JobView:
+    meta = body.get("metadata", {})
+    spec = body.get("spec", {})
+    status = body.get("status", {})
+    labels = meta.get("labels") or {}
+    job_kind = KINDS[kind]
+    suspended = bool(spec.get("suspend") or (spec.get("runPolicy") or {}).get("suspend"))
+    conditions = status.get("conditions") or []
+    finished = any(c.get("type") in ("Complete", "Succeeded", "Failed", "Completed") and c.get("status") == "True"
+                   for c in conditions)
+    return JobView(
+        kind=job_kind, namespace=meta.get("namespace", ""), name=meta.get("name", ""), uid=meta.get("uid", ""),
+        resource_version=meta.get("resourceVersion", ""), opted_in=labels.get(OPT_IN_LABEL) == OPT_IN_VALUE,
+        annotations=dict(meta.get("annotations") or {}), suspended=suspended, finished=finished,
+    )
+
+
+def utc_now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

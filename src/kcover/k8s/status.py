@@ -1,0 +1,73 @@
+"""``kcover status``: what kcover is doing on this cluster, read back from the API.
+
+Everything comes from the records kcover keeps on the objects themselves (the
+job's ``kcover.io/recovery`` annotation, the nodes' ``kcover.io/quarantined``),
+so any replica, or a person with read access, sees the same.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from rich.console import Console
+from rich.table import Table
+
+from kcover.k8s.kinds import BATCH_JOB, KINDS
+from kcover.k8s.names import OPT_IN_LABEL, OPT_IN_VALUE, RECOVERY, STATE
+from kcover.k8s.quarantine import Quarantine
+
+
+def _jobs(api: client.ApiClient) -> list[dict[str, Any]]:
+    selector = f"{OPT_IN_LABEL}={OPT_IN_VALUE}"
+    found: list[dict[str, Any]] = []
+    for kind in KINDS.values():
+        try:
+            if kind is BATCH_JOB:
+                items = [client.ApiClient().sanitize_for_serialization(j)
+                         for j in client.BatchV1Api(api).list_job_for_all_namespaces(label_selector=selector).items]
+            else:
+                items = client.CustomObjectsApi(api).list_cluster_custom_object(
+                    kind.group, kind.version, kind.plural, label_selector=selector)["items"]
+        except ApiException as error:
+            if error.status in (403, 404):
+                continue  # kind not installed, or not visible to this user
+            raise
+        for body in items:
+            meta = body["metadata"]
+            annotations = meta.get("annotations") or {}
+            try:
+                recovery = json.loads(annotations.get(RECOVERY, "{}"))
+            except ValueError:
+                recovery = {}
+            last = recovery.get("last") or {}
+            found.append({
+                "kind": kind.kind, "namespace": meta["namespace"], "name": meta["name"],
+                "state": annotations.get(STATE, "watching"), "restarts": recovery.get("restarts", 0),
+                "root_cause": last.get("category"), "rule": last.get("rule"), "nodes": last.get("nodes", []),
+                "reason": last.get("decision"),
+            })
+    return found
+
+
+def collect_status(api: client.ApiClient) -> dict[str, Any]:
+    return {"jobs": _jobs(api), "quarantined_nodes": Quarantine(api).quarantined()}
+
+
+def print_status(report: dict[str, Any]) -> None:
+    console = Console(highlight=False)
+    table = Table(title="opted-in jobs", title_justify="left", box=None, header_style="bold")
+    for column in ("kind", "namespace/name", "state", "restarts", "last root cause", "blamed nodes"):
+        table.add_column(column, overflow="fold")
+    for job in report["jobs"]:
+        cause = f"{job['root_cause']} ({job['rule']})" if job["root_cause"] else ""
+        table.add_row(job["kind"], f"{job['namespace']}/{job['name']}", job["state"], str(job["restarts"]), cause,
+                      ", ".join(job["nodes"]))
+    console.print(table)
+    nodes = report["quarantined_nodes"]
+    if nodes:
+        console.print("quarantined by kcover: " + ", ".join(f"{n} ({r.get('reason')})" for n, r in nodes.items()))
+    else:
+        console.print("no node quarantined by kcover")

@@ -1,0 +1,61 @@
+"""Fault records as they travel through the API server: compact JSON in a pod annotation.
+
+The node agent classifies log lines where they are written and records each
+distinct fault on the pod (``kcover.io/faults``), at most :data:`MAX_RECORDS`
+of them, each with its repeat count; the operator reads them back as
+:class:`~kcover.faults.Fault` objects.  No log shipping: only the verdict-relevant
+lines cross the network.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from kcover.faults import Category, Evidence, Fault, Role, Severity
+
+MAX_RECORDS = 20
+MAX_LINE = 500
+
+
+def fault_record(fault: Fault) -> dict[str, Any]:
+    evidence = fault.evidence
+    return {
+        "rule": fault.rule, "category": fault.category.value, "severity": fault.severity.value,
+        "role": fault.role.value, "retriable": fault.retriable, "node_at_fault": fault.node_at_fault,
+        "priority": fault.priority, "title": fault.title, "count": fault.count,
+        "line": evidence.line[:MAX_LINE], "source": evidence.source, "line_number": evidence.line_number,
+        "timestamp": evidence.timestamp, "rank": evidence.rank, "node": evidence.node,
+    }
+
+
+def encode(faults: Sequence[Fault]) -> str:
+    return json.dumps([fault_record(f) for f in faults[:MAX_RECORDS]], separators=(",", ":"))
+
+
+def decode(text: str | None, remediation: dict[str, str] | None = None) -> list[Fault]:
+    """Faults from an annotation; unreadable records are skipped, never fatal."""
+    if not text:
+        return []
+    try:
+        records = json.loads(text)
+    except json.JSONDecodeError:
+        return []
+    faults = []
+    for record in records if isinstance(records, list) else []:
+        try:
+            evidence = Evidence(source=str(record["source"]), line=str(record["line"]),
+                                line_number=record.get("line_number"), timestamp=record.get("timestamp"),
+                                rank=record.get("rank"), node=record.get("node"))
+            faults.append(Fault(
+                rule=str(record["rule"]), category=Category(record["category"]),
+                severity=Severity(record["severity"]), retriable=bool(record["retriable"]),
+                node_at_fault=bool(record["node_at_fault"]), role=Role(record["role"]),
+                priority=int(record["priority"]), title=str(record["title"]),
+                remediation=(remediation or {}).get(str(record["rule"]), ""), evidence=evidence,
+                count=int(record.get("count", 1)),
+            ))
+        except (KeyError, ValueError, TypeError):
+            continue
+    return faults
