@@ -8,6 +8,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+pytest_plugins = ["kcover.testing.fixtures"]
+
 MARKERS = ("tests/launcher/workers/", "kcover/demo/train", "-m kcover run", "kcover run")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -17,12 +18,6 @@ import pytest
 from kubernetes import client
 
 from kcover.testing import TestCluster
-from kcover.testing.fixtures import (  # noqa: F401 - pytest finds fixtures by name
-    _test_cluster_alive,
-    k8s_api,
-    test_cluster,
-    test_namespace,
-)
 
 
 def wait_until(probe: Callable[[], Any], timeout: float = 30.0, what: str | Callable[[], str] = "condition") -> Any:
@@ -79,10 +74,8 @@ def gpu_nodes(test_cluster: TestCluster, test_namespace: str, k8s_api: Any) -> I
     yield names
     core = client.CoreV1Api(k8s_api)
     for name in names:
-        try:
+        with contextlib.suppress(client.exceptions.ApiException):
             core.delete_node(name)
-        except client.exceptions.ApiException:
-            pass
 
 
 def indexed_job(name: str, namespace: str, pods: int, opted_in: bool = True, gpus: int = 2) -> dict[str, Any]:

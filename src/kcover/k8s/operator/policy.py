@@ -11,7 +11,7 @@ key and the value used) and the default applies.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kcover.decide.policy import RecoveryPolicy
@@ -22,7 +22,7 @@ GROUP, VERSION, PLURAL = "kcover.io", "v1alpha1", "recoverypolicies"
 
 @dataclass(frozen=True)
 class JobPolicy:
-    recovery: RecoveryPolicy = RecoveryPolicy(min_nodes=1)
+    recovery: RecoveryPolicy = field(default_factory=lambda: RecoveryPolicy(min_nodes=1))
     grace_period: int = 30
     quarantine_max_share: float = 0.1
     quarantine: bool = True
