@@ -127,7 +127,7 @@ class KubeQuarantine:
                 outcome.append(Decision(Verdict.REFUSED_FOREIGN_CORDON, "cordoned by someone else, untouched"))
                 return None
             kept = [t for t in taints if t.get("key") != TAINT_KEY]
-            ours = {"key": TAINT_KEY, "value": taint_value(reason.split(":")[0]), "effect": "NoSchedule"}
+            ours = {"key": TAINT_KEY, "value": taint_value(reason.split(":", maxsplit=1)[0]), "effect": "NoSchedule"}
             return {
                 "metadata": {
                     "annotations": {
