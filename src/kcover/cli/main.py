@@ -13,6 +13,7 @@ import typer
 
 from kcover.classify.rules import CatalogError
 from kcover.cli import demo_cmd, explain_cmd, history_cmd, run_cmd
+from kcover.health import cli as health_cli
 
 app = typer.Typer(
     name="kcover",
@@ -25,6 +26,8 @@ app.command("explain")(explain_cmd.explain)
 app.command("run", context_settings={"allow_interspersed_args": False})(run_cmd.run)
 app.command("history")(history_cmd.history)
 app.command("demo")(demo_cmd.demo)
+app.command("check")(health_cli.check)
+app.command("preflight")(health_cli.preflight)
 
 
 @app.callback()
