@@ -59,7 +59,9 @@ def config() -> HealthConfig:
 def make_ctx(config: HealthConfig, tmp_path: Path) -> Callable[..., CheckContext]:
     """A context whose checkpoint path is tmp_path, with optional recorded NVML and config overrides."""
 
-    def make(nvml: str | dict[str, Any] | None = None, env: dict[str, str] | None = None, **sections: Any) -> CheckContext:
+    def make(
+        nvml: str | dict[str, Any] | None = None, env: dict[str, str] | None = None, **sections: Any
+    ) -> CheckContext:
         cfg = config
         if sections:
             data = config.model_dump()

@@ -47,7 +47,9 @@ def _taints(node: Any) -> list[tuple[str, str | None, str]]:
 
 def test_fail_quarantines_and_passes_release(k8s_api: Any, node: str) -> None:
     core = k8s.CoreV1Api(k8s_api)
-    core.patch_node(node, {"spec": {"taints": [{"key": "team.example/gpu-burnin", "value": "x", "effect": "NoSchedule"}]}})
+    core.patch_node(
+        node, {"spec": {"taints": [{"key": "team.example/gpu-burnin", "value": "x", "effect": "NoSchedule"}]}}
+    )
     actuator = KubeQuarantine(core, QuarantinePolicy(release_after_passes=2, max_share=1.0))
 
     assert actuator.observe(node, FAIL).verdict is Verdict.QUARANTINE

@@ -23,9 +23,11 @@ POLICY = QuarantinePolicy(release_after_passes=3, max_share=0.25, min_allowed=1,
 
 def quarantined(name: str, passes: int = 0, ago: float = 60.0) -> NodeView:
     since = (NOW - timedelta(seconds=ago)).isoformat()
-    return NodeView(name, unschedulable=True,
-                    annotations={ANNOTATION_QUARANTINED: "gpu.ecc", ANNOTATION_SINCE: since,
-                                 ANNOTATION_PASSES: str(passes)})
+    return NodeView(
+        name,
+        unschedulable=True,
+        annotations={ANNOTATION_QUARANTINED: "gpu.ecc", ANNOTATION_SINCE: since, ANNOTATION_PASSES: str(passes)},
+    )
 
 
 def healthy_nodes(count: int) -> list[NodeView]:
