@@ -13,6 +13,7 @@ import typer
 
 from kcover.classify.rules import CatalogError
 from kcover.cli import demo_cmd, explain_cmd, history_cmd, k8s_cmd, run_cmd
+from kcover.health import cli as health_cli
 
 app = typer.Typer(
     name="kcover",
@@ -28,6 +29,8 @@ app.command("demo")(demo_cmd.demo)
 app.command("agent")(k8s_cmd.agent)
 app.command("operator")(k8s_cmd.operator)
 app.command("status")(k8s_cmd.status)
+app.command("check")(health_cli.check)
+app.command("preflight")(health_cli.preflight)
 
 
 @app.callback()

@@ -1,0 +1,132 @@
+"""``kcover check`` and ``kcover preflight``: run the health checks from the command line.
+
+``kcover check`` prints a table (or ``--json``: ``{"node", "checks": [...]}``)
+and exits 0 when nothing failed, 1 when a check failed (or broke), 2 on a
+usage error (unknown check, bad configuration).  ``kcover preflight`` is the
+same gate as :func:`kcover.health.preflight.run_preflight`, meant for an init
+container.  Registered in :mod:`kcover.cli.main`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kcover.health import registry
+from kcover.health.config import HealthConfigError, load_config
+from kcover.health.model import CheckResult, HealthReport, Status
+from kcover.health.preflight import PreflightResult, run_preflight
+from kcover.health.registry import CheckContext
+from kcover.health.runner import run_checks, select_checks
+
+USAGE = 2
+_COLOURS = {Status.PASS: "green", Status.WARN: "yellow", Status.FAIL: "red", Status.ERROR: "red", Status.SKIPPED: "dim"}
+
+ConfigOption = Annotated[Path | None, typer.Option("--config", help="YAML merged over the default thresholds.")]
+OnlyOption = Annotated[list[str] | None, typer.Option("--only", help="Run only these checks (or prefixes: gpu).")]
+SkipOption = Annotated[list[str] | None, typer.Option("--skip", help="Leave out these checks (or prefixes).")]
+SuiteOption = Annotated[str, typer.Option("--suite", help="Suite from the configuration: quick or full.")]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
+DirOption = Annotated[Path | None, typer.Option("--checkpoint-dir", help="Path the storage checks test.")]
+
+
+def _fail_usage(message: str) -> typer.Exit:
+    typer.echo(f"kcover: {message}", err=True)
+    return typer.Exit(USAGE)
+
+
+def _line(result: CheckResult) -> str:
+    value = "" if result.value is None else f"{result.value} {result.unit}".strip()
+    limit = "" if result.threshold is None else f" (threshold {result.threshold})"
+    colour = _COLOURS[result.status]
+    return (
+        f"[{colour}]{result.status.value:<7}[/{colour}] {result.name:<22} {value}{limit}  "
+        f"{result.reason}  [dim]{result.seconds:.2f} s[/dim]"
+    )
+
+
+def _printer(enabled: bool) -> object:
+    from rich.console import Console
+
+    console = Console(stderr=False, highlight=False)
+    return (lambda result: console.print(_line(result))) if enabled else None
+
+
+def check(
+    as_json: JsonOption = False,
+    only: OnlyOption = None,
+    skip: SkipOption = None,
+    suite: SuiteOption = "quick",
+    config: ConfigOption = None,
+    checkpoint_dir: DirOption = None,
+    list_checks: Annotated[bool, typer.Option("--list", help="List the registered checks and exit.")] = False,
+) -> None:
+    """Check this node's health: GPUs, DCGM, compute, collectives, storage, network."""
+    if list_checks:
+        for entry in registry.entries():
+            typer.echo(f"{entry.name:<22} {entry.summary}")
+        raise typer.Exit(0)
+    try:
+        cfg = load_config(config, known_checks=registry.names())
+        if suite not in cfg.suites:
+            raise _fail_usage(f"unknown suite {suite!r}; configured: {', '.join(sorted(cfg.suites))}")
+        names = select_checks(cfg.suites[suite], only or (), skip or ())
+    except HealthConfigError as exc:
+        raise _fail_usage(f"invalid health configuration: {exc}") from None
+    except KeyError as exc:
+        raise _fail_usage(str(exc.args[0])) from None
+    if checkpoint_dir is not None:
+        cfg = cfg.model_copy(update={"storage": cfg.storage.model_copy(update={"path": str(checkpoint_dir)})})
+    printer = _printer(not as_json)
+    report = run_checks(names, CheckContext(cfg), on_result=printer if callable(printer) else None)
+    if as_json:
+        typer.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        _summary(report)
+    raise typer.Exit(0 if report.ok else 1)
+
+
+def _summary(report: HealthReport) -> None:
+    counts = {status: sum(1 for r in report.checks if r.status is status) for status in Status}
+    seconds = sum(r.seconds for r in report.checks)
+    parts = ", ".join(f"{n} {status.value}" for status, n in counts.items() if n)
+    typer.echo(f"{report.node}: {parts} in {seconds:.1f} s")
+
+
+def preflight(
+    as_json: JsonOption = False,
+    only: OnlyOption = None,
+    skip: SkipOption = None,
+    suite: SuiteOption = "quick",
+    config: ConfigOption = None,
+    checkpoint_dir: DirOption = None,
+    simulate_nodes: Annotated[
+        int, typer.Option("--simulate-nodes", help="Also run the pairwise slow-node test over N local nodes.")
+    ] = 0,
+) -> None:
+    """Gate a job's start: exit 0 when this node may run it, 1 when not (for an init container)."""
+    try:
+        result: PreflightResult = run_preflight(
+            config=config,
+            suite=suite,
+            only=tuple(only or ()),
+            skip=tuple(skip or ()),
+            checkpoint_dir=checkpoint_dir,
+            simulate_nodes=simulate_nodes,
+        )
+    except HealthConfigError as exc:
+        raise _fail_usage(f"invalid health configuration: {exc}") from None
+    except KeyError as exc:
+        raise _fail_usage(str(exc.args[0])) from None
+    if as_json:
+        typer.echo(json.dumps(result.to_dict(), indent=2))
+    else:
+        printer = _printer(True)
+        for item in result.report.checks:
+            if callable(printer):
+                printer(item)
+        typer.echo(f"preflight {'passed' if result.passed else 'FAILED'}: {result.reason}")
+    raise typer.Exit(0 if result.passed else 1)
