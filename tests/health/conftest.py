@@ -14,11 +14,6 @@ from kcover.health import registry
 from kcover.health.config import HealthConfig, load_config
 from kcover.health.nvml import ReplayNvml
 from kcover.health.registry import CheckContext
-from kcover.testing.fixtures import (  # noqa: F401 - pytest finds fixtures by name
-    _test_cluster_alive,
-    k8s_api,
-    test_cluster,
-)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
