@@ -1,39 +1,54 @@
-"""Suite-wide fixtures: no test may leave a process behind."""
+"""Suite-wide fixtures: no test may leave a process behind.
+
+Every process this test session starts inherits ``KCOVER_TEST_SESSION``; after
+each test, any process carrying this session's value that did not exist before
+the test (the session's own test-cluster components excepted) is a leak: it is
+killed and the test fails.  Other sessions on the same machine are never
+touched, and workers orphaned by a crashed launcher are still found.
+"""
 
 from __future__ import annotations
 
+import os
+import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import psutil
 import pytest
 
+from kcover.testing.binaries import OPTIONAL, REQUIRED
+
 pytest_plugins = ["kcover.testing.fixtures"]
 
-MARKERS = ("tests/launcher/workers/", "kcover/demo/train", "-m kcover run", "kcover run")
+SESSION = os.environ.setdefault("KCOVER_TEST_SESSION", uuid.uuid4().hex)
+CLUSTER_PROGRAMS = frozenset(REQUIRED + OPTIONAL)
 
 
-def _leftovers() -> list[psutil.Process]:
-    found = []
-    for process in psutil.process_iter(["pid", "cmdline"]):
-        cmdline = " ".join(process.info["cmdline"] or [])
-        if any(marker in cmdline for marker in MARKERS) and process.pid != psutil.Process().pid:
-            found.append(process)
+def _session_processes() -> dict[int, psutil.Process]:
+    found = {}
+    me = os.getpid()
+    for process in psutil.process_iter(["pid", "name"]):
+        if process.pid == me or process.info["name"] in CLUSTER_PROGRAMS:
+            continue
+        try:
+            if process.environ().get("KCOVER_TEST_SESSION") == SESSION and process.status() != psutil.STATUS_ZOMBIE:
+                found[process.pid] = process
+        except (psutil.Error, OSError):
+            continue
     return found
 
 
 @pytest.fixture(autouse=True)
 def no_leftover_processes() -> Iterator[None]:
-    """Fail any test that leaves a worker (or a kcover run) running, and clean up after it."""
-    before = {p.pid for p in _leftovers()}
+    """Fail any test that leaves a process of this session running, and clean up after it."""
+    before = set(_session_processes())
     yield
-    leaked = [p for p in _leftovers() if p.pid not in before]
-    leaked = [p for p in leaked if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    leaked = [p for pid, p in _session_processes().items() if pid not in before]
+    names = []
     for process in leaked:
-        process.kill()
-    assert not leaked, f"test left processes behind: {[' '.join(p.info['cmdline']) for p in leaked]}"
-
-
-@pytest.fixture
-def workers_dir() -> Path:
-    return Path(__file__).parent / "launcher" / "workers"
+        try:
+            names.append(" ".join(process.cmdline()))
+            process.kill()
+        except psutil.Error:
+            continue
+    assert not names, f"test left processes behind: {names}"

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
 from kcover.health import registry
@@ -16,33 +15,6 @@ from kcover.health.nvml import ReplayNvml
 from kcover.health.registry import CheckContext
 
 FIXTURES = Path(__file__).parent / "fixtures"
-
-
-@pytest.fixture(autouse=True)
-def no_leftover_children() -> Iterator[None]:
-    """Fail a test that leaves any child process of the test runner running (checks, workers, helpers)."""
-    me = psutil.Process()
-    before = {child.pid for child in me.children(recursive=True)}
-    yield
-    leaked = []
-    for child in me.children(recursive=True):
-        try:
-            if child.pid not in before and child.status() != psutil.STATUS_ZOMBIE:
-                leaked.append(child)
-        except psutil.NoSuchProcess:
-            continue
-    # the test cluster's components are session-scoped children, started before the first test that needs them
-    leaked = [p for p in leaked if "kcover-test-cluster" not in " ".join(_cmdline(p))]
-    for child in leaked:
-        child.kill()
-    assert not leaked, f"test left processes behind: {[' '.join(_cmdline(p)) for p in leaked]}"
-
-
-def _cmdline(process: psutil.Process) -> list[str]:
-    try:
-        return process.cmdline()
-    except psutil.Error:
-        return []
 
 
 @pytest.fixture

@@ -3,7 +3,9 @@
 A job opts in with the original project's label, so its users switch without
 relabelling.  Per-job overrides are annotations on the job; kcover's own
 bookkeeping lives in annotations it owns (``kcover.io/recovery`` on the job,
-``kcover.io/faults`` on pods, ``kcover.io/quarantined`` on nodes).
+``kcover.io/faults`` on pods).  The node marks of a quarantine (taint, annotations,
+the ``KcoverHealthy`` condition) are defined with the quarantine itself, in
+:mod:`kcover.health.quarantine.policy`.
 """
 
 from __future__ import annotations
@@ -23,9 +25,6 @@ RECOVERY = "kcover.io/recovery"
 STATE = "kcover.io/state"
 REASON = "kcover.io/reason"
 POD_FAULTS = "kcover.io/faults"
-QUARANTINED = "kcover.io/quarantined"
-QUARANTINE_TAINT = "kcover.io/quarantine"
-HEALTH_CONDITION = "KcoverHealthy"
 EVIDENCE_LABEL = "kcover.io/evidence-for"
 
 FIELD_MANAGER = "kcover"

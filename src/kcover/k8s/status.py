@@ -15,9 +15,10 @@ from kubernetes.client.exceptions import ApiException
 from rich.console import Console
 from rich.table import Table
 
+from kcover.health.quarantine.kube import KubeQuarantine
+from kcover.health.quarantine.policy import ANNOTATION_QUARANTINED, ANNOTATION_SINCE
 from kcover.k8s.kinds import BATCH_JOB, KINDS
 from kcover.k8s.names import OPT_IN_LABEL, OPT_IN_VALUE, RECOVERY, STATE
-from kcover.k8s.quarantine import Quarantine
 
 
 def _jobs(api: client.ApiClient) -> list[dict[str, Any]]:
@@ -53,7 +54,10 @@ def _jobs(api: client.ApiClient) -> list[dict[str, Any]]:
 
 
 def collect_status(api: client.ApiClient) -> dict[str, Any]:
-    return {"jobs": _jobs(api), "quarantined_nodes": Quarantine(api).quarantined()}
+    nodes = KubeQuarantine(client.CoreV1Api(api)).nodes()
+    quarantined = {n.name: {"reason": n.annotations.get(ANNOTATION_QUARANTINED),
+                            "since": n.annotations.get(ANNOTATION_SINCE)} for n in nodes if n.quarantined_by_kcover}
+    return {"jobs": _jobs(api), "quarantined_nodes": quarantined}
 
 
 def print_status(report: dict[str, Any]) -> None:

@@ -20,9 +20,10 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from kcover.faults import Fault, Severity
+from kcover.health.quarantine.kube import KubeQuarantine
 from kcover.k8s import wire
 from kcover.k8s.agent.pods import PodInfo
-from kcover.k8s.names import HEALTH_CONDITION, POD_FAULTS
+from kcover.k8s.names import POD_FAULTS
 
 WRITE_INTERVAL = 1.0
 _DIGITS = re.compile(r"\d+")
@@ -147,8 +148,5 @@ class Reporter:
 
     def node_unhealthy(self, fault: Fault) -> None:
         """Set ``KcoverHealthy=False`` on this node with the fault as reason."""
-        now = _now().strftime("%Y-%m-%dT%H:%M:%SZ")
-        condition = {"type": HEALTH_CONDITION, "status": "False", "reason": _camel(fault.category.value),
-                     "message": f"{fault.rule}: {fault.evidence.line[:300]}", "lastTransitionTime": now,
-                     "lastHeartbeatTime": now}
-        self.core.patch_node_status(self.node, {"status": {"conditions": [condition]}})
+        KubeQuarantine(self.core).set_condition(self.node, False, _camel(fault.category.value),
+                                                f"{fault.rule}: {fault.evidence.line[:300]}")

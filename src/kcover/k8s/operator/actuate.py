@@ -33,9 +33,9 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from kcover.faults import Verdict
+from kcover.health.quarantine.kube import KubeQuarantine
 from kcover.k8s.names import FIELD_MANAGER, REASON, RECOVERY, STATE
 from kcover.k8s.operator.views import JobView, PodView, utc_now
-from kcover.k8s.quarantine import Quarantine
 from kcover.report import verdict_to_dict
 
 log = logging.getLogger("kcover.operator")
@@ -47,7 +47,7 @@ class Conflict(Exception):  # noqa: N818 - a normal outcome, not an error: anoth
 
 
 class Actuator:
-    def __init__(self, api: client.ApiClient, quarantine: Quarantine) -> None:
+    def __init__(self, api: client.ApiClient, quarantine: KubeQuarantine) -> None:
         self.api = api
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)

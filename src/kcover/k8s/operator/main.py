@@ -24,6 +24,8 @@ from kubernetes import client
 from kcover.classify.rules import Rule
 from kcover.decide.policy import DecisionKind
 from kcover.explain import default_matcher
+from kcover.health.quarantine.kube import KubeQuarantine
+from kcover.health.quarantine.policy import QuarantinePolicy, Verdict
 from kcover.k8s.kinds import KINDS
 from kcover.k8s.operator import metrics
 from kcover.k8s.operator.actuate import Actuator, Conflict
@@ -31,7 +33,6 @@ from kcover.k8s.operator.assess import Assessment, assess, state_to
 from kcover.k8s.operator.leader import LeaderElection
 from kcover.k8s.operator.policy import GROUP, PLURAL, VERSION, JobPolicy, from_resource, with_annotations
 from kcover.k8s.operator.views import JobView, PodView, job_view, pod_view, utc_now
-from kcover.k8s.quarantine import Quarantine
 
 log = logging.getLogger("kcover.operator")
 SETTLE_SECONDS = 0.3
@@ -125,7 +126,7 @@ def _remediations() -> dict[str, str]:
 
 async def _evaluate_forever() -> None:
     api = client.ApiClient()
-    actuator = Actuator(api, Quarantine(api))
+    actuator = Actuator(api, KubeQuarantine(client.CoreV1Api(api)))
     leader = LeaderElection(api, CONFIG.namespace, CONFIG.identity, duration=CONFIG.lease_seconds)
     renewed = 0.0
     while True:
@@ -202,14 +203,15 @@ def _act(actuator: Actuator, job: JobView, assessment: Assessment, policy: JobPo
     actuator.event(job, "KcoverRestart", f"restarting: {decision.reason}", warning=True)
     actuator.keep_evidence(job, recovery, WORLD.pods_of(job), assessment.failing_pods)
     if decision.excluded and policy.quarantine:
-        actuator.quarantine.max_share = policy.quarantine_max_share
+        actuator.quarantine.policy = QuarantinePolicy(max_share=policy.quarantine_max_share)
         for node in decision.excluded:
-            result = actuator.quarantine.quarantine(node, root.rule if root else "fault", verdict.reason)
-            if not result.done:
+            result = actuator.quarantine.quarantine(node, root.rule if root else "fault")
+            done = result.verdict in (Verdict.QUARANTINE, Verdict.KEEP)
+            if result.verdict is Verdict.REFUSED_BREAKER:
                 metrics.BREAKER.inc()
-            actuator.event(job, "KcoverQuarantine" if result.done else "KcoverQuarantineRefused",
-                           f"node {node}: {result.reason}", warning=not result.done)
-        metrics.QUARANTINED.set(len(actuator.quarantine.quarantined()))
+            actuator.event(job, "KcoverQuarantine" if done else "KcoverQuarantineRefused",
+                           f"node {node}: {result.reason}", warning=not done)
+        metrics.QUARANTINED.set(sum(n.quarantined_by_kcover for n in actuator.quarantine.nodes()))
     return _resume(actuator, job, recovery, policy, started=time.monotonic())
 
 
