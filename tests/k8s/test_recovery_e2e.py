@@ -40,7 +40,7 @@ def start_kcover(cluster: TestCluster, processes: Processes, nodes: list[str], t
         (tmp_path / f"{node}.kmsg").touch()
         processes.start(["agent", "--node", node, "--log-root", str(cluster.log_root), "--kmsg",
                          str(tmp_path / f"{node}.kmsg"), "--state-dir", str(tmp_path / "agent"),
-                         "--kubeconfig", config], tmp_path / f"agent-{node}.log")
+                         "--kubeconfig", config, "--health-interval", "0"], tmp_path / f"agent-{node}.log")
 
 
 def recovery(batch: client.BatchV1Api, namespace: str, name: str) -> dict[str, Any]:

@@ -44,16 +44,32 @@ def agent(
     state_dir: Annotated[Path, typer.Option(help="Where offsets survive restarts (hostPath).")]
     = Path("/var/lib/kcover"),
     kubeconfig: Annotated[Path | None, typer.Option(help="Kubeconfig (default: in-cluster).")] = None,
+    health_interval: Annotated[float, typer.Option(help="Seconds between health-check runs; 0 = off.")] = 300.0,
+    health_suite: Annotated[str, typer.Option(help="Health suite to run periodically.")] = "quick",
+    health_config: Annotated[Path | None, typer.Option(help="Health thresholds file (merged over defaults).")]
+    = None,
+    release_after: Annotated[int, typer.Option(help="Passing runs before kcover releases its quarantine.")] = 3,
 ) -> None:
-    """Node agent: classify container and kernel logs on this node, report faults to the API."""
+    """Node agent: classify container and kernel logs, run health checks, report to the API."""
+    from kcover.health import HealthConfigError
+    from kcover.k8s.agent.health import HealthLoop
     from kcover.k8s.agent.loop import Agent
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     api = _connect(kubeconfig)
     kernel = kmsg if kmsg is not None and str(kmsg) not in ("", ".") and kmsg.exists() else None
+    health = None
+    if health_interval > 0:
+        try:
+            health = HealthLoop(api, node, health_interval, health_suite, health_config, release_after)
+        except (HealthConfigError, ValueError, KeyError) as error:
+            typer.echo(f"kcover: {error}", err=True)
+            raise typer.Exit(2) from None
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    if health is not None:
+        threading.Thread(target=health.run, args=(stop,), name="health", daemon=True).start()
     Agent(api, node, log_root, kernel, state_dir).run(stop)
 
 

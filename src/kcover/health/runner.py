@@ -16,6 +16,7 @@ the node agent; never raises because of a check.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import pickle
 import select
@@ -85,10 +86,23 @@ def run_one(name: str, ctx: CheckContext, budget: float | None = None) -> CheckR
     return CheckResult.of(name, outcome, time.monotonic() - started)
 
 
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this check if the process that forked it goes away (an agent stopping)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+
+
 def _child(run: Callable[[CheckContext], Outcome], ctx: CheckContext, write_fd: int) -> None:
     """In the child: run the check and write one pickled ``(kind, payload)`` message."""
     try:
         os.setpgid(0, 0)
+        _die_with_parent()
         try:
             outcome = run(ctx)
             if not isinstance(outcome, Outcome):

@@ -1,0 +1,64 @@
+"""The agent's periodic health checks drive the node's quarantine on the real control plane."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+from tests.k8s.conftest import Processes, wait_until
+
+from kcover.testing import TestCluster
+
+
+def agent(processes: Processes, cluster: TestCluster, node: str, tmp_path: Path, config: Path, log: str) -> Any:
+    return processes.start(["agent", "--node", node, "--log-root", str(cluster.log_root), "--kmsg", "",
+                            "--state-dir", str(tmp_path / "state"), "--kubeconfig", str(cluster.kubeconfig),
+                            "--health-interval", "0.5", "--health-config", str(config), "--release-after", "2"],
+                           tmp_path / log)
+
+
+def condition(core: client.CoreV1Api, node: str) -> str | None:
+    for item in core.read_node(node).status.conditions or []:
+        if item.type == "KcoverHealthy":
+            return str(item.status)
+    return None
+
+
+def test_failed_check_quarantines_and_passing_runs_release(
+        test_cluster: TestCluster, k8s_api: Any, gpu_nodes: list[str], kcover_processes: Processes,
+        tmp_path: Path) -> None:
+    core = client.CoreV1Api(k8s_api)
+    node = gpu_nodes[0]
+    failing = tmp_path / "failing.yaml"
+    failing.write_text("suites: {quick: [storage.free]}\nstorage: {min_free_gb: 1000000, path: " + str(tmp_path)
+                       + "}\n")
+    first = agent(kcover_processes, test_cluster, node, tmp_path, failing, "agent-1.log")
+    wait_until(lambda: core.read_node(node).spec.unschedulable, 30, "quarantine after a failed check")
+    assert condition(core, node) == "False"
+    taints = [t.key for t in core.read_node(node).spec.taints or []]
+    assert "kcover.io/quarantine" in taints
+    assert not any(core.read_node(n).spec.unschedulable for n in gpu_nodes[1:])
+    first.send_signal(signal.SIGTERM)
+    first.wait(timeout=10)
+    passing = tmp_path / "passing.yaml"
+    passing.write_text("suites: {quick: [storage.free]}\nstorage: {min_free_gb: 0, min_free_fraction: 0, path: "
+                       + str(tmp_path) + "}\n")
+    agent(kcover_processes, test_cluster, node, tmp_path, passing, "agent-2.log")
+    wait_until(lambda: not core.read_node(node).spec.unschedulable, 30, "release after 2 passing runs")
+    assert condition(core, node) == "True"
+    assert "kcover.io/quarantine" not in [t.key for t in core.read_node(node).spec.taints or []]
+
+
+def test_malformed_health_config_is_a_usage_error(test_cluster: TestCluster, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("storage: {min_free_gb: plenty}\n")
+    done = subprocess.run([sys.executable, "-m", "kcover", "agent", "--node", "x", "--kubeconfig",
+                           str(test_cluster.kubeconfig), "--health-config", str(bad)],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2
+    assert "storage.min_free_gb" in done.stderr
