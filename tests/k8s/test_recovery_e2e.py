@@ -32,10 +32,11 @@ def pod_states(core: client.CoreV1Api, namespace: str, job: str) -> list[tuple[s
 
 
 def start_kcover(cluster: TestCluster, processes: Processes, nodes: list[str], tmp_path: Path, namespace: str,
-                 kubeconfig: Path | None = None) -> None:
+                 kubeconfig: Path | None = None, agent_kubeconfig: Path | None = None) -> None:
     config = str(kubeconfig or cluster.kubeconfig)
     processes.start(["operator", "--kubeconfig", config, "--namespace", namespace, "--lease-seconds", "3",
                      "--identity", "op-a"], tmp_path / "operator.log")
+    config = str(agent_kubeconfig or kubeconfig or cluster.kubeconfig)
     for node in nodes:
         (tmp_path / f"{node}.kmsg").touch()
         processes.start(["agent", "--node", node, "--log-root", str(cluster.log_root), "--kmsg",
@@ -51,10 +52,17 @@ def recovery(batch: client.BatchV1Api, namespace: str, name: str) -> dict[str, A
 def test_xid_on_one_node_restarts_all_pods_and_quarantines_only_that_node(
         test_cluster: TestCluster, k8s_api: Any, test_namespace: str, gpu_nodes: list[str],
         kcover_processes: Processes, tmp_path: Path) -> None:
+    xid_scenario(test_cluster, k8s_api, test_namespace, gpu_nodes, kcover_processes, tmp_path)
+
+
+def xid_scenario(test_cluster: TestCluster, k8s_api: Any, test_namespace: str, gpu_nodes: list[str],
+                 kcover_processes: Processes, tmp_path: Path, operator_config: Path | None = None,
+                 agent_config: Path | None = None) -> None:
+    """8 pods on 4 nodes; Xid 79 in one rank's log, NCCL remote errors in the others'."""
     core, batch = client.CoreV1Api(k8s_api), client.BatchV1Api(k8s_api)
     batch.create_namespaced_job(test_namespace, indexed_job("train", test_namespace, 8))
     pods = wait_until(lambda: (p := job_pods(core, test_namespace, "train")) and len(p) == 8 and p, 30, "8 pods")
-    start_kcover(test_cluster, kcover_processes, gpu_nodes, tmp_path, test_namespace)
+    start_kcover(test_cluster, kcover_processes, gpu_nodes, tmp_path, test_namespace, operator_config, agent_config)
     bad = next(p for p in pods if p.spec.node_name == gpu_nodes[2]) if any(
         p.spec.node_name == gpu_nodes[2] for p in pods) else pods[5]
     bad_node = bad.spec.node_name
