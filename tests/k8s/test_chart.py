@@ -14,10 +14,10 @@ import kubernetes
 import pytest
 import yaml
 from kubernetes import client
-
-from kcover.testing import TestCluster
 from tests.k8s.conftest import Processes
 from tests.k8s.test_recovery_e2e import xid_scenario
+
+from kcover.testing import TestCluster
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "kcover"
 
