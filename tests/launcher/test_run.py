@@ -169,3 +169,15 @@ def test_corrupt_state_database_is_moved_aside(tmp_path: Path) -> None:
     assert "was unreadable" in stderr
     assert len(list(state.glob("kcover.db.corrupt-*"))) == 1
     assert (state / "keep.txt").read_text() == "mine"
+
+
+def test_failed_preflight_starts_nothing(tmp_path: Path) -> None:
+    config = tmp_path / "health.yaml"
+    config.write_text("suites: {quick: [storage.free]}\nstorage: {min_free_gb: 1000000}\n")
+    state = tmp_path / "state"
+    done = subprocess.run([sys.executable, "-m", "kcover", "run", "--preflight", "--health-config", str(config),
+                           "--state-dir", str(state), "--", sys.executable, str(WORKERS / "ok.py")],
+                          capture_output=True, text=True, check=False, timeout=120)
+    assert done.returncode == 1
+    assert "preflight failed, nothing started: storage.free" in done.stderr
+    assert not (state / "attempt-1").exists()

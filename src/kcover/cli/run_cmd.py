@@ -43,8 +43,14 @@ def run(
     = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout at exit.")] = False,
     quiet: Annotated[bool, typer.Option(help="Do not echo worker output to stderr.")] = False,
+    preflight: Annotated[bool, typer.Option(help="Run the quick health suite first; refuse to start on failure.")]
+    = False,
+    health_config: Annotated[Path | None, typer.Option(help="Thresholds for --preflight (merged over defaults).")]
+    = None,
 ) -> None:
     """Run a training command as N×P workers and recover it from faults by itself."""
+    if preflight:
+        _preflight(state_dir, nnodes, health_config)
     try:
         injections = parse_injections(",".join([os.environ.get("KCOVER_INJECT", ""), *(inject or [])]))
         spec = RunSpec(
@@ -64,3 +70,24 @@ def run(
     if as_json:
         typer.echo(json.dumps(run_document(result), indent=2))
     raise typer.Exit(result.exit_code)
+
+
+def _preflight(state_dir: Path, nnodes: int, config: Path | None) -> None:
+    """Gate the start on the quick health suite (and, with several nodes, the pairwise slow-node test)."""
+    from kcover.health import HealthConfigError
+    from kcover.health.preflight import run_preflight
+
+    checkpoints = state_dir / "checkpoints"
+    try:
+        checkpoints.mkdir(parents=True, exist_ok=True)
+        result = run_preflight(config=config, checkpoint_dir=checkpoints, simulate_nodes=nnodes if nnodes > 1 else 0)
+    except OSError as error:
+        typer.echo(f"kcover: state dir {state_dir} is not writable: {error.strerror or error}", err=True)
+        raise typer.Exit(2) from None
+    except (HealthConfigError, KeyError) as error:
+        typer.echo(f"kcover: preflight: {error}", err=True)
+        raise typer.Exit(2) from None
+    if not result.passed:
+        typer.echo(f"kcover: preflight failed, nothing started: {result.reason}", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"kcover: preflight passed ({result.reason})", err=True)
