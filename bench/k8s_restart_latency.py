@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,19 @@ def running(core: client.CoreV1Api, namespace: str, pods: int, old: set[str]) ->
     return len(fresh) == pods
 
 
+def recorded(core: client.CoreV1Api, namespace: str, pod: str) -> bool:
+    return "kcover.io/faults" in (core.read_namespaced_pod(pod, namespace).metadata.annotations or {})
+
+
+def claimed(batch: client.BatchV1Api, namespace: str, attempt: int) -> bool:
+    annotations = batch.read_namespaced_job("train", namespace).metadata.annotations or {}
+    return int(json.loads(annotations.get("kcover.io/recovery", "{}")).get("attempt", 1)) >= attempt
+
+
+def gone(core: client.CoreV1Api, namespace: str, old: set[str]) -> bool:
+    return not any(p.metadata.uid in old for p in current(core, namespace))
+
+
 def current(core: client.CoreV1Api, namespace: str) -> list[Any]:
     items = core.list_namespaced_pod(namespace, label_selector="batch.kubernetes.io/job-name=train").items
     return [p for p in items if p.status.phase == "Running" and not p.metadata.deletion_timestamp]
@@ -87,7 +101,7 @@ def main() -> None:
             batch.patch_namespaced_job("train", namespace, {"spec": {"suspend": True}})
             wait(lambda: not current(core, namespace))
             batch.patch_namespaced_job("train", namespace, {"spec": {"suspend": False}})
-            baseline.append(wait(lambda old=old: running(core, namespace, args.pods, old)) - began)
+            baseline.append(wait(partial(running, core, namespace, args.pods, old)) - began)
         processes = [subprocess.Popen([sys.executable, "-m", "kcover", "operator", "--kubeconfig",
                                        str(cluster.kubeconfig), "--namespace", namespace],
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
@@ -105,13 +119,10 @@ def main() -> None:
                 victim = pods[trial % len(pods)]
                 began = time.monotonic()
                 cluster.write_container_log(namespace, victim.metadata.name, "trainer", [XID])
-                agent_at = wait(lambda victim=victim: "kcover.io/faults" in (core.read_namespaced_pod(
-                    victim.metadata.name, namespace).metadata.annotations or {}))
-                claim_at = wait(lambda trial=trial: json.loads((batch.read_namespaced_job("train", namespace).metadata
-                                                    .annotations or {}).get("kcover.io/recovery", "{}"))
-                                .get("attempt", 1) >= trial + 2)
-                gone_at = wait(lambda old=old: not any(p.metadata.uid in old for p in current(core, namespace)))
-                done_at = wait(lambda old=old: running(core, namespace, args.pods, old))
+                agent_at = wait(partial(recorded, core, namespace, victim.metadata.name))
+                claim_at = wait(partial(claimed, batch, namespace, trial + 2))
+                gone_at = wait(partial(gone, core, namespace, old))
+                done_at = wait(partial(running, core, namespace, args.pods, old))
                 rows.append((agent_at - began, claim_at - agent_at, gone_at - claim_at, done_at - gone_at,
                              done_at - began))
                 for node in core.list_node().items:  # give the quarantined node back for the next trial
