@@ -44,7 +44,8 @@ def wait(probe: Callable[[], Any], timeout: float = 120) -> float:
 
 def job_body(name: str, namespace: str, pods: int) -> dict[str, Any]:
     return {"apiVersion": "batch/v1", "kind": "Job",
-            "metadata": {"name": name, "namespace": namespace, "labels": {"kcover.io/cascading-recovery": "true"}},
+            "metadata": {"name": name, "namespace": namespace, "labels": {"kcover.io/cascading-recovery": "true"},
+                         "annotations": {"kcover.io/max-restarts": "100"}},
             "spec": {"completions": pods, "parallelism": pods, "completionMode": "Indexed", "backoffLimit": 1000,
                      "podFailurePolicy": {"rules": [{"action": "Ignore",
                                                      "onExitCodes": {"operator": "NotIn", "values": [0]}}]},

@@ -9,14 +9,26 @@ from typing import Any
 from kubernetes import client
 from tests.k8s.conftest import Processes, wait_until
 
+from kcover.launcher.spec import free_port
 from kcover.testing import TestCluster
 
 
-def agent(processes: Processes, cluster: TestCluster, node: str, tmp_path: Path, config: Path, log: str) -> Any:
+def agent(processes: Processes, cluster: TestCluster, node: str, tmp_path: Path, config: Path, log: str,
+          port: int) -> Any:
     return processes.start(["agent", "--node", node, "--log-root", str(cluster.log_root), "--kmsg", "",
                             "--state-dir", str(tmp_path / "state"), "--kubeconfig", str(cluster.kubeconfig),
-                            "--health-interval", "0.5", "--health-config", str(config), "--release-after", "2"],
-                           tmp_path / log)
+                            "--health-interval", "0.5", "--health-config", str(config), "--release-after", "2",
+                            "--metrics-port", str(port)], tmp_path / log)
+
+
+def scrape(port: int) -> str:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
+            return str(response.read().decode())
+    except OSError:
+        return ""
 
 
 def condition(core: client.CoreV1Api, node: str) -> str | None:
@@ -34,8 +46,12 @@ def test_failed_check_quarantines_and_passing_runs_release(
     failing = tmp_path / "failing.yaml"
     failing.write_text("suites: {quick: [storage.free]}\nstorage: {min_free_gb: 1000000, path: " + str(tmp_path)
                        + "}\n")
-    first = agent(kcover_processes, test_cluster, node, tmp_path, failing, "agent-1.log")
+    port = free_port()
+    first = agent(kcover_processes, test_cluster, node, tmp_path, failing, "agent-1.log", port)
     wait_until(lambda: core.read_node(node).spec.unschedulable, 30, "quarantine after a failed check")
+    metrics = wait_until(lambda: scrape(port), 10, "metrics")
+    assert f'kcover_health_check_status{{check="storage.free",node="{node}"}} 0.0' in metrics
+    assert f'kcover_node_quarantined{{node="{node}"}} 1.0' in metrics
     assert condition(core, node) == "False"
     taints = [t.key for t in core.read_node(node).spec.taints or []]
     assert "kcover.io/quarantine" in taints
@@ -45,7 +61,7 @@ def test_failed_check_quarantines_and_passing_runs_release(
     passing = tmp_path / "passing.yaml"
     passing.write_text("suites: {quick: [storage.free]}\nstorage: {min_free_gb: 0, min_free_fraction: 0, path: "
                        + str(tmp_path) + "}\n")
-    agent(kcover_processes, test_cluster, node, tmp_path, passing, "agent-2.log")
+    agent(kcover_processes, test_cluster, node, tmp_path, passing, "agent-2.log", free_port())
     wait_until(lambda: not core.read_node(node).spec.unschedulable, 30, "release after 2 passing runs")
     assert condition(core, node) == "True"
     assert "kcover.io/quarantine" not in [t.key for t in core.read_node(node).spec.taints or []]

@@ -49,6 +49,7 @@ def agent(
     health_config: Annotated[Path | None, typer.Option(help="Health thresholds file (merged over defaults).")]
     = None,
     release_after: Annotated[int, typer.Option(help="Passing runs before kcover releases its quarantine.")] = 3,
+    metrics_port: Annotated[int | None, typer.Option(help="Serve Prometheus metrics on this port.")] = None,
 ) -> None:
     """Node agent: classify container and kernel logs, run health checks, report to the API."""
     from kcover.health import HealthConfigError
@@ -65,6 +66,10 @@ def agent(
         except (HealthConfigError, ValueError, KeyError) as error:
             typer.echo(f"kcover: {error}", err=True)
             raise typer.Exit(2) from None
+    if metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(metrics_port)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
