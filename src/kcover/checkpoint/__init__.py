@@ -1,0 +1,34 @@
+"""Fast, never-torn checkpoints for distributed training (``pip install kcover[torch]``).
+
+Recovery time is detection + restart + checkpoint save/load; this package makes
+the last term small.  :class:`Checkpointer` snapshots a (nested) state dict into
+shared memory — the only part that blocks training — persists it in the
+background with fsync, per-block CRC-32 and an atomic manifest rename, restores
+a restarted worker from shared memory at memory speed, and persists the newest
+snapshot when the supervisor sends SIGTERM.  See the README section
+"Checkpoints" for the guarantees and their limits.
+
+Layout: :mod:`.checkpointer` (the API), :mod:`.snapshot` (the shared-memory
+buffer), :mod:`.image` (the byte layout), :mod:`.disk` and :mod:`.manifest`
+(files), :mod:`.flatten` (state ↔ tensors + skeleton), :mod:`.emergency`
+(SIGTERM), :mod:`.agree` (ranks agree on a step), :mod:`.errors`.
+"""
+
+from kcover.checkpoint.checkpointer import Checkpointer, Restored, remove_snapshots, snapshot_path
+from kcover.checkpoint.errors import (
+    CheckpointError,
+    CheckpointWriteError,
+    CorruptCheckpointError,
+    WorldSizeChangedError,
+)
+
+__all__ = [
+    "CheckpointError",
+    "CheckpointWriteError",
+    "Checkpointer",
+    "CorruptCheckpointError",
+    "Restored",
+    "WorldSizeChangedError",
+    "remove_snapshots",
+    "snapshot_path",
+]
