@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import mmap
 import os
 import secrets
 import threading
@@ -47,7 +48,7 @@ from kcover.checkpoint.errors import CheckpointError, CorruptCheckpointError, Wo
 from kcover.checkpoint.flatten import flatten, unflatten
 from kcover.checkpoint.image import COMMITTED, Header, Image, make_plan, parse, tensor_views
 from kcover.checkpoint.manifest import Manifest
-from kcover.checkpoint.snapshot import SnapshotBuffer, write_snapshot
+from kcover.checkpoint.snapshot import SnapshotBuffer, _Region, write_snapshot
 
 log = logging.getLogger("kcover.checkpoint")
 IfBusy = Literal["wait", "skip"]
@@ -180,10 +181,11 @@ class Checkpointer:
             self.wait()
         began = time.perf_counter()
         with self._guard.deferred() if self._guard else contextlib.nullcontext(), self._lock:
-            self._reserve(plan.total)
+            region = self._target(plan.total)
             header = Header(COMMITTED, step, time.time_ns(), plan.total, plan.meta_offset, len(plan.meta),
                             self.rank, self.world_size)
-            write_snapshot(self._buffer, plan, tensors, header)
+            write_snapshot(region, plan, tensors, header)
+            self._buffer.publish(region)
             self._unpersisted = (step, plan.total)
         self.last_blocking_seconds = time.perf_counter() - began
         if persist:
@@ -191,14 +193,27 @@ class Checkpointer:
             self._thread.start()
         return True
 
-    def _reserve(self, size: int) -> None:
+    def _target(self, size: int) -> _Region:
         try:
-            self._buffer.ensure(size)
+            return self._buffer.prepare(size)
         except CheckpointError as exc:
             log.warning("kcover checkpoint: %s; snapshots go to private memory (no instant restore after a "
                         "restart)", exc)
             self._buffer.use_private()
-            self._buffer.ensure(size)
+            return self._buffer.prepare(size)
+
+    def reserve(self, state: Any) -> None:
+        """Reserve the snapshot buffer for ``state`` on a background thread (saves the first ``save`` the cost)."""
+        skeleton, tensors = flatten(state, self.trusted)
+        self._prepare_in_background(make_plan(tensors, skeleton, self._token, self.replicated).total)
+
+    def _prepare_in_background(self, size: int) -> None:
+        def prepare() -> None:
+            with self._lock, contextlib.suppress(CheckpointError):
+                if not self._closed:
+                    self._buffer.prepare(size)
+
+        threading.Thread(target=prepare, name="kcover-reserve", daemon=True).start()
 
     @property
     def busy(self) -> bool:
@@ -298,13 +313,20 @@ class Checkpointer:
         return manifest
 
     def _load_memory(self) -> tuple[torch.Tensor, Image] | None:
+        """Zero-copy: a private (copy-on-write) mapping of the snapshot file; the file itself stays untouched."""
         with self._lock:
             image = self._memory_image()
-            if image is None:
+            if image is None or self._buffer.path is None:
                 return None
-            data = torch.empty(image.header.total, dtype=torch.uint8)
-            data.copy_(self._buffer.tensor[: image.header.total])
-        return data, parse(data.numpy().data, str(self._buffer.path))
+            total = image.header.total
+            fd = os.open(self._buffer.path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                private = mmap.mmap(fd, total, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            finally:
+                os.close(fd)
+            self._buffer.freeze(private)
+        data = torch.frombuffer(private, dtype=torch.uint8)
+        return data, parse(memoryview(private), str(self._buffer.path))
 
     def _load_disk(self, step: int, rank: int) -> tuple[torch.Tensor, Image]:
         manifest = self._usable_manifest(step, rank)
@@ -387,10 +409,10 @@ class Checkpointer:
         if self._closed:
             return
         self.wait()
-        self._closed = True
         if self._guard is not None:
             self._guard.uninstall()
         with self._lock:
+            self._closed = True
             self._buffer.close(remove=remove_snapshot)
 
     def __enter__(self) -> Checkpointer:
