@@ -234,7 +234,8 @@ def run(size: int, folder: Path) -> list[tuple[str, str, str, bool]]:
         ("restore from shm into the model", f"{load['shm_load_into']:.3f} s vs torch.load (warm) + copy "
          f"{base['torch_load_into']:.2f} s", f"{base['torch_load_into'] / load['shm_load_into']:.1f}× faster (≥ 3×)",
          base["torch_load_into"] / load["shm_load_into"] >= 3),
-        ("  same vs plain memcpy of the bytes", f"{load['shm_load_into']:.3f} s vs bytearray copy {base['memcpy']:.3f} s",
+        ("  same vs plain memcpy of the bytes",
+         f"{load['shm_load_into']:.3f} s vs bytearray copy {base['memcpy']:.3f} s",
          f"{base['memcpy'] / load['shm_load_into']:.2f} of memcpy speed (≥ 0.50)",
          base["memcpy"] / load["shm_load_into"] >= 0.5),
         ("  same vs memcpy into the live tensors", f"{load['shm_load_into']:.3f} s vs {base['memcpy_into']:.3f} s",
