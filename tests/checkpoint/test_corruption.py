@@ -7,9 +7,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from tests.checkpoint.states import assert_state, make_state
 
 from kcover.checkpoint import Checkpointer
-from tests.checkpoint.states import assert_state, make_state
 
 
 def flip_bit(path: Path, offset: int) -> None:

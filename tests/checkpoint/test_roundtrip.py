@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from kcover.checkpoint import CheckpointError, Checkpointer
 from tests.checkpoint.states import assert_state, make_state
+
+from kcover.checkpoint import Checkpointer, CheckpointError
 
 
 def test_nested_state_round_trips_through_memory_and_disk(tmp_path: Path, shm_dir: Path) -> None:

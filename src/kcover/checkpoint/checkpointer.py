@@ -181,6 +181,8 @@ class Checkpointer:
             self.wait()
         began = time.perf_counter()
         with self._guard.deferred() if self._guard else contextlib.nullcontext(), self._lock:
+            if self._stopping:  # SIGTERM arrived while we waited: the emergency save owns the buffer now
+                return False
             region = self._target(plan.total)
             header = Header(COMMITTED, step, time.time_ns(), plan.total, plan.meta_offset, len(plan.meta),
                             self.rank, self.world_size)
@@ -247,17 +249,19 @@ class Checkpointer:
             log.warning("kcover checkpoint: pruning old checkpoints failed: %s", exc)
 
     def _emergency(self) -> None:
-        """On SIGTERM: let a snapshot or persist in progress finish, then persist the newest snapshot."""
+        """On SIGTERM: let a snapshot or persist in progress finish, then persist the newest snapshot.
+
+        Holds the snapshot lock throughout, so no new snapshot can overwrite the bytes being written.
+        """
         self._stopping = True
         began = time.perf_counter()
         with self._lock:
+            self.wait()
             pending = self._unpersisted
-        self.wait()
-        if self._unpersisted is not None and self._unpersisted == pending:
-            self._persist(*pending)
-        if pending is not None:
-            log.warning("kcover checkpoint: SIGTERM: step %d persisted in %.2f s", pending[0],
-                        time.perf_counter() - began)
+            if pending is not None:
+                self._persist(*pending)
+                log.warning("kcover checkpoint: SIGTERM: step %d persisted in %.2f s", pending[0],
+                            time.perf_counter() - began)
 
     def _adopt_snapshot(self) -> None:
         """A snapshot left in shared memory by a previous life of this rank, newer than the disk: not yet safe."""

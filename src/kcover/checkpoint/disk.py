@@ -21,11 +21,12 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import queue
 import re
+import threading
 import time
 import zlib
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -59,22 +60,68 @@ def _write_all(fd: int, data: memoryview) -> None:
         data = data[written:]
 
 
+class _Checksums:
+    """CRC-32 of each block on a helper thread, so checksumming overlaps the I/O (both release the GIL).
+
+    Not a ThreadPoolExecutor: those refuse work once the interpreter is shutting down, which is exactly when
+    a persist still in flight must finish.  If no thread can be started the checksums are computed inline.
+    """
+
+    def __init__(self) -> None:
+        self.values: list[int] = []
+        self._blocks: queue.SimpleQueue[memoryview | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = threading.Thread(target=self._run, name="kcover-crc", daemon=True)
+        try:
+            self._thread.start()
+        except RuntimeError:
+            self._thread = None
+
+    def _run(self) -> None:
+        while (block := self._blocks.get()) is not None:
+            self.values.append(zlib.crc32(block))
+
+    def add(self, block: memoryview) -> None:
+        if self._thread is None:
+            self.values.append(zlib.crc32(block))
+        else:
+            self._blocks.put(block)
+
+    def finish(self) -> list[int]:
+        if self._thread is not None:
+            self._blocks.put(None)
+            self._thread.join()
+        return self.values
+
+
+def _create(path: Path) -> int:
+    """Create ``path`` and its folder.  Another rank may remove the folder while it is empty (pruning), so a
+    vanished folder is made again; once our file is in it, nobody removes it."""
+    for _ in range(10):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        except FileNotFoundError:
+            continue
+    raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path.parent))
+
+
 def _write_file(path: Path, data: memoryview, block_size: int) -> list[int]:
     """Write ``data`` to a new file at ``path`` and fsync it; returns per-block CRC-32s."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    fd = _create(path)
     try:
         try:
             os.posix_fallocate(fd, 0, max(len(data), 1))  # ENOSPC now, not after writing gigabytes
         except OSError as exc:
             if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
                 raise
-        with ThreadPoolExecutor(1, thread_name_prefix="kcover-crc") as pool:
-            checksums: list[Future[int]] = []
+        checksums = _Checksums()
+        try:
             for start in range(0, len(data), block_size):
                 block = data[start : start + block_size]
-                checksums.append(pool.submit(zlib.crc32, block))
+                checksums.add(block)
                 _write_all(fd, block)
-            crcs = [c.result() for c in checksums]
+        finally:
+            crcs = checksums.finish()
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -89,7 +136,6 @@ def persist(
     image_tmp, manifest_tmp = folder / f".{_stem(rank)}.img.tmp", folder / f".{_stem(rank)}.json.tmp"
     try:
         new_folder = not folder.is_dir()
-        folder.mkdir(parents=True, exist_ok=True)
         crcs = _write_file(image_tmp, data, block_size)
         os.replace(image_tmp, folder / f"{_stem(rank)}.img")
         manifest = Manifest(step, rank, world_size, replicated, f"{_stem(rank)}.img", len(data), block_size,
@@ -150,20 +196,21 @@ def read_verified(root: Path, manifest: Manifest) -> torch.Tensor:
                 raise CorruptCheckpointError(f"{path}: {size} bytes, the manifest says {manifest.size} (truncated?)")
             data = torch.empty(size, dtype=torch.uint8)
             view = data.numpy().data
-            with ThreadPoolExecutor(1, thread_name_prefix="kcover-crc") as pool:
-                checks: list[Future[int]] = []
+            checksums = _Checksums()
+            try:
                 for start in range(0, size, manifest.block_size):
                     block = view[start : start + manifest.block_size]
-                    got = source.readinto(block)
-                    if got != len(block):
+                    if source.readinto(block) != len(block):
                         raise CorruptCheckpointError(f"{path}: short read at byte {start}")
-                    checks.append(pool.submit(zlib.crc32, block))
-                for index, (check, expected) in enumerate(zip(checks, manifest.crc32, strict=True)):
-                    if check.result() != expected:
-                        start = index * manifest.block_size
-                        raise CorruptCheckpointError(
-                            f"{path}: checksum mismatch in bytes {start}–{min(size, start + manifest.block_size)}"
-                        )
+                    checksums.add(block)
+            finally:
+                crcs = checksums.finish()
+            for index, (got, expected) in enumerate(zip(crcs, manifest.crc32, strict=True)):
+                if got != expected:
+                    start = index * manifest.block_size
+                    raise CorruptCheckpointError(
+                        f"{path}: checksum mismatch in bytes {start}–{min(size, start + manifest.block_size)}"
+                    )
     except OSError as exc:
         raise CorruptCheckpointError(f"{path}: {exc.strerror or exc}") from None
     return data

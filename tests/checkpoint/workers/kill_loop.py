@@ -21,8 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from kcover.checkpoint import Checkpointer  # noqa: E402
-from tests.checkpoint.states import assert_state, make_state  # noqa: E402
+from tests.checkpoint.states import assert_state, make_state
+
+from kcover.checkpoint import Checkpointer
 
 SCALE = 64  # about 1 MB of tensors per save
 
@@ -33,7 +34,7 @@ def fork(child: object, *args: object) -> int:
         code = 1
         try:
             code = child(*args)  # type: ignore[operator]
-        except BaseException as exc:  # noqa: BLE001 - the verdict goes through the exit code
+        except BaseException as exc:
             print(f"child failed: {exc!r}", file=sys.stderr, flush=True)
         finally:
             os._exit(code)
