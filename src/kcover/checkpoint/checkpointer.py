@@ -34,6 +34,7 @@ import os
 import secrets
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -152,11 +153,17 @@ class Checkpointer:
         self._stopping = False
         self._closed = False
         self._world_changed: WorldSizeChangedError | None = None
+        self._guard = SigtermGuard(self._emergency) if emergency_save else None
         disk.clean_leftovers(self.directory, self.rank)
         self._adopt_snapshot()
-        self._guard = SigtermGuard(self._emergency) if emergency_save else None
         if self._guard is not None:
             self._guard.install()
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """The snapshot lock; a SIGTERM handled meanwhile in this thread waits until it is released."""
+        with self._guard.deferred() if self._guard else contextlib.nullcontext(), self._lock:
+            yield
 
     # saving ---------------------------------------------------------------------------------------------------
 
@@ -180,7 +187,7 @@ class Checkpointer:
                 return False
             self.wait()
         began = time.perf_counter()
-        with self._guard.deferred() if self._guard else contextlib.nullcontext(), self._lock:
+        with self._locked():
             if self._stopping:  # SIGTERM arrived while we waited: the emergency save owns the buffer now
                 return False
             region = self._target(plan.total)
@@ -286,7 +293,7 @@ class Checkpointer:
         return image
 
     def _memory_step(self) -> int | None:
-        with self._lock:
+        with self._locked():
             image = self._memory_image()
         return image.header.step if image else None
 
@@ -318,7 +325,7 @@ class Checkpointer:
 
     def _load_memory(self) -> tuple[torch.Tensor, Image] | None:
         """Zero-copy: a private (copy-on-write) mapping of the snapshot file; the file itself stays untouched."""
-        with self._lock:
+        with self._locked():
             image = self._memory_image()
             if image is None or self._buffer.path is None:
                 return None
@@ -415,7 +422,7 @@ class Checkpointer:
         self.wait()
         if self._guard is not None:
             self._guard.uninstall()
-        with self._lock:
+        with self._locked():
             self._closed = True
             self._buffer.close(remove=remove_snapshot)
 

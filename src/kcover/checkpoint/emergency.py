@@ -14,9 +14,9 @@ the previous Python handler is called, or, for the default disposition, the
 signal is re-raised — and when the main thread cannot even get there (still
 stuck), the watcher exits the process with status 143 (128 + SIGTERM).
 
-While the main thread is inside :meth:`deferred` (copying a snapshot), a
-SIGTERM handled there is postponed until the copy is complete; the watcher
-waits for the copy too.  If another library already owns the wakeup fd
+While the main thread is inside :meth:`deferred` (holding the snapshot lock),
+a SIGTERM handled there is postponed until it lets go — the action needs that
+lock; the watcher simply waits for it.  If another library already owns the wakeup fd
 (asyncio does), only the main-thread handler is used, and a warning says so.
 """
 
@@ -47,7 +47,7 @@ class SigtermGuard:
         self._done = threading.Event()
         self._started = False
         self._main_entered = threading.Event()
-        self._deferring: int | None = None
+        self._deferring = 0  # nesting depth of deferred() in the main thread
         self._pending: tuple[int, FrameType | None] | None = None
 
     def install(self) -> bool:
@@ -84,13 +84,16 @@ class SigtermGuard:
 
     @contextlib.contextmanager
     def deferred(self) -> Iterator[None]:
-        """Postpone a SIGTERM handled in this thread until the block ends."""
-        self._deferring = threading.get_ident()
+        """Postpone a SIGTERM handled by the main thread until the block ends (no-op in other threads)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        self._deferring += 1
         try:
             yield
         finally:
-            self._deferring = None
-            pending, self._pending = self._pending, None
+            self._deferring -= 1
+            pending, self._pending = (self._pending, None) if self._deferring == 0 else (None, self._pending)
             if pending is not None:
                 self._on_signal(*pending)
 
@@ -138,7 +141,7 @@ class SigtermGuard:
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._main_entered.set()
-        if self._deferring == threading.get_ident():
+        if self._deferring:
             self._pending = (signum, frame)
             return
         self.run_once()
