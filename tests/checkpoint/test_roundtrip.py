@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -84,6 +85,8 @@ def test_sparse_and_unpicklable_states_are_refused(tmp_path: Path) -> None:
     with Checkpointer(tmp_path, shared_memory=None, emergency_save=False) as checkpointer:
         with pytest.raises(CheckpointError, match="only dense"):
             checkpointer.save(1, {"s": torch.eye(3).to_sparse()})
+        with pytest.raises(CheckpointError, match="only dense"):
+            checkpointer.save(1, {"m": torch.empty(3, device="meta")})
         with pytest.raises(CheckpointError, match="cannot be pickled"):
             checkpointer.save(1, {"f": lambda: 1})
 
@@ -109,3 +112,17 @@ def test_a_recreated_dir_does_not_restore_the_old_jobs_memory_snapshot(tmp_path:
     with Checkpointer(tmp_path / "ckpt", shared_memory=shm_dir, emergency_save=False) as fresh:
         assert fresh.latest_step() is None
         assert fresh.load_latest() is None
+
+
+def test_reserve_prepares_the_buffer_in_the_background(tmp_path: Path, shm_dir: Path) -> None:
+    state = make_state(1, scale=16)
+    with Checkpointer(tmp_path, shared_memory=shm_dir, emergency_save=False) as checkpointer:
+        checkpointer.reserve(state)
+        deadline = time.monotonic() + 10
+        while not [p for p in shm_dir.glob("*.next") if p.stat().st_size] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        (prepared,) = shm_dir.glob("*.next")
+        size = prepared.stat().st_size
+        checkpointer.save(1, state)
+        (snapshot,) = shm_dir.iterdir()  # the prepared file became the snapshot: nothing allocated twice
+        assert snapshot.suffix == ".img" and snapshot.stat().st_size == size
