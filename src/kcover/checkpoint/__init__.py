@@ -10,17 +10,18 @@ snapshot when the supervisor sends SIGTERM.  See the README section
 
 Layout: :mod:`.checkpointer` (the API), :mod:`.snapshot` (the shared-memory
 buffer), :mod:`.image` (the byte layout), :mod:`.disk` and :mod:`.manifest`
-(files), :mod:`.flatten` (state ↔ tensors + skeleton), :mod:`.emergency`
+(files), :mod:`.restore` (reading a candidate back), :mod:`.flatten` (state ↔ tensors + skeleton), :mod:`.emergency`
 (SIGTERM), :mod:`.agree` (ranks agree on a step), :mod:`.errors`.
 """
 
-from kcover.checkpoint.checkpointer import Checkpointer, Restored, remove_snapshots, snapshot_path
+from kcover.checkpoint.checkpointer import Checkpointer, remove_snapshots, snapshot_path
 from kcover.checkpoint.errors import (
     CheckpointError,
     CheckpointWriteError,
     CorruptCheckpointError,
     WorldSizeChangedError,
 )
+from kcover.checkpoint.restore import Restored
 
 __all__ = [
     "CheckpointError",

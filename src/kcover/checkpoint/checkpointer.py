@@ -29,13 +29,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import mmap
 import os
 import secrets
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -45,25 +43,15 @@ from kcover import sdk
 from kcover.checkpoint import disk
 from kcover.checkpoint.agree import NONE, agree_on_step
 from kcover.checkpoint.emergency import SigtermGuard
-from kcover.checkpoint.errors import CheckpointError, CorruptCheckpointError, WorldSizeChangedError
-from kcover.checkpoint.flatten import flatten, unflatten
-from kcover.checkpoint.image import COMMITTED, Header, Image, make_plan, parse, tensor_views
-from kcover.checkpoint.manifest import Manifest
-from kcover.checkpoint.snapshot import SnapshotBuffer, _Region, write_snapshot
+from kcover.checkpoint.errors import CheckpointError, WorldSizeChangedError
+from kcover.checkpoint.flatten import flatten
+from kcover.checkpoint.image import COMMITTED, Header, Image, make_plan, parse
+from kcover.checkpoint.restore import Restored, load_from_disk, map_private, materialize, memory_image, usable_manifest
+from kcover.checkpoint.snapshot import Region, SnapshotBuffer, write_snapshot
 
 log = logging.getLogger("kcover.checkpoint")
 IfBusy = Literal["wait", "skip"]
 DEFAULT_SHARED_MEMORY = "/dev/shm"
-
-
-@dataclass(frozen=True)
-class Restored:
-    """What :meth:`Checkpointer.load_latest` found: the step, the state, and where it came from."""
-
-    step: int
-    state: Any
-    source: Literal["memory", "disk"]
-    where: str
 
 
 def snapshot_path(shared_memory: Path, directory: Path, rank: int, job_id: str | None = None) -> Path:
@@ -202,7 +190,7 @@ class Checkpointer:
             self._thread.start()
         return True
 
-    def _target(self, size: int) -> _Region:
+    def _target(self, size: int) -> Region:
         try:
             return self._buffer.prepare(size)
         except CheckpointError as exc:
@@ -280,21 +268,9 @@ class Checkpointer:
 
     # loading --------------------------------------------------------------------------------------------------
 
-    def _memory_image(self) -> Image | None:
-        header = self._buffer.header()
-        if header is None or header.state != COMMITTED or header.rank != self.rank:
-            return None
-        try:
-            image = parse(self._buffer.view()[: self._buffer.size], str(self._buffer.path))
-        except CorruptCheckpointError:
-            return None
-        if image.token != self._token or (header.world_size != self.world_size and not image.replicated):
-            return None
-        return image
-
     def _memory_step(self) -> int | None:
         with self._locked():
-            image = self._memory_image()
+            image = memory_image(self._buffer, self.rank, self.world_size, self._token)
         return image.header.step if image else None
 
     def _disk_steps(self) -> dict[int, list[int]]:
@@ -306,72 +282,41 @@ class Checkpointer:
 
     def latest_step(self) -> int | None:
         """The newest step with a snapshot in memory or a readable manifest on disk (data not yet verified)."""
-        steps = [self._memory_step() or NONE]
+        memory = self._memory_step()
+        steps = [NONE if memory is None else memory]
         for step, ranks in self._disk_steps().items():
             with contextlib.suppress(CheckpointError):
-                self._usable_manifest(step, ranks[0])
+                usable_manifest(self.directory, step, ranks[0], self.world_size)
                 steps.append(step)
         best = max(steps)
         return None if best == NONE else best
 
-    def _usable_manifest(self, step: int, rank: int) -> Manifest:
-        manifest = disk.read_manifest(self.directory, step, rank)
-        if manifest.world_size != self.world_size and not manifest.replicated:
-            raise WorldSizeChangedError(
-                f"step {step} was saved by {manifest.world_size} ranks, this job has {self.world_size}: sharded "
-                "state cannot be resharded by kcover (see the README: torch.distributed.checkpoint)"
-            )
-        return manifest
-
     def _load_memory(self) -> tuple[torch.Tensor, Image] | None:
-        """Zero-copy: a private (copy-on-write) mapping of the snapshot file; the file itself stays untouched."""
         with self._locked():
-            image = self._memory_image()
+            image = memory_image(self._buffer, self.rank, self.world_size, self._token)
             if image is None or self._buffer.path is None:
                 return None
-            total = image.header.total
-            fd = os.open(self._buffer.path, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                private = mmap.mmap(fd, total, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
-            finally:
-                os.close(fd)
-            self._buffer.freeze(private)
-        data = torch.frombuffer(private, dtype=torch.uint8)
-        return data, parse(memoryview(private), str(self._buffer.path))
-
-    def _load_disk(self, step: int, rank: int) -> tuple[torch.Tensor, Image]:
-        manifest = self._usable_manifest(step, rank)
-        data = disk.read_verified(self.directory, manifest)
-        where = str(disk.step_dir(self.directory, step) / manifest.file)
-        image = parse(data.numpy().data, where)
-        if image.header.step != step:
-            raise CorruptCheckpointError(f"{where}: holds step {image.header.step}, not {step}")
-        return data, image
+            private = map_private(self._buffer.path, image.header.total)
+            self._buffer.freeze(private)  # the next snapshot must not overwrite what the restored tensors see
+        return torch.frombuffer(private, dtype=torch.uint8), parse(memoryview(private), str(self._buffer.path))
 
     def _load_step(self, step: int, memory_step: int | None, disk_steps: dict[int, list[int]],
                    device: torch.device | None) -> Restored | None:
         if step == memory_step:
             loaded = self._load_memory()
             if loaded is not None:
-                return self._restore(step, *loaded, "memory", str(self._buffer.path), device)
+                return materialize(step, *loaded, "memory", str(self._buffer.path), device, self.trusted)
         for rank in disk_steps.get(step, []):
             try:
-                data, image = self._load_disk(step, rank)
+                data, image = load_from_disk(self.directory, step, rank, self.world_size)
             except CheckpointError as exc:
                 log.warning("kcover checkpoint: skipping step %d: %s", step, exc)
                 if isinstance(exc, WorldSizeChangedError):
                     self._world_changed = exc
                 continue
-            return self._restore(step, data, image, "disk", str(disk.step_dir(self.directory, step)), device)
+            where = str(disk.step_dir(self.directory, step))
+            return materialize(step, data, image, "disk", where, device, self.trusted)
         return None
-
-    def _restore(self, step: int, data: torch.Tensor, image: Image, source: Literal["memory", "disk"],
-                 where: str, device: torch.device | None) -> Restored:
-        tensors = tensor_views(data, image.entries)
-        if device is not None:
-            tensors = [t.to(device) for t in tensors]
-        state = unflatten(image.skeleton, tensors, self.trusted)
-        return Restored(step, state, source, where)
 
     def load_latest(self, device: str | torch.device | None = None) -> Restored | None:
         """Restore the newest complete, verified checkpoint (see the module docstring); None if there is none.

@@ -40,7 +40,7 @@ from kcover.checkpoint.image import COMMITTED, HEADER_SIZE, WRITING, Header, Pla
 _STATE_OFFSET = 12  # the state field: written alone, first on begin and last on commit
 
 
-class _Region:
+class Region:
     """One mapped snapshot file (or private memory): its bytes as a uint8 tensor and a memoryview."""
 
     def __init__(self, size: int, path: Path | None = None, create: bool = False) -> None:
@@ -85,8 +85,8 @@ class SnapshotBuffer:
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
-        self.current: _Region | None = None
-        self._next: _Region | None = None
+        self.current: Region | None = None
+        self._next: Region | None = None
         self._views: weakref.ref[mmap.mmap] | None = None
         if path is not None:
             with contextlib.suppress(FileNotFoundError):
@@ -94,7 +94,7 @@ class SnapshotBuffer:
             with contextlib.suppress(OSError):
                 size = path.stat().st_size
                 if size >= HEADER_SIZE:
-                    self.current = _Region(size, path)
+                    self.current = Region(size, path)
 
     @property
     def _next_path(self) -> Path:
@@ -120,7 +120,7 @@ class SnapshotBuffer:
         """Do not write into the current file while ``views`` (a mapping restored tensors use) is alive."""
         self._views = weakref.ref(views)
 
-    def prepare(self, size: int) -> _Region:
+    def prepare(self, size: int) -> Region:
         """A buffer of at least ``size`` bytes to write the next snapshot into (raises CheckpointWriteError)."""
         current = self.current
         in_use = self._views is not None and self._views() is not None
@@ -132,10 +132,10 @@ class SnapshotBuffer:
             self._next.close()
             self._next = None
         if self.path is None:
-            self._next = _Region(size)
+            self._next = Region(size)
             return self._next
         try:
-            self._next = _Region(size, self._next_path, create=True)
+            self._next = Region(size, self._next_path, create=True)
         except OSError as exc:
             with contextlib.suppress(OSError):
                 self._next_path.unlink()
@@ -144,7 +144,7 @@ class SnapshotBuffer:
             ) from None
         return self._next
 
-    def publish(self, region: _Region) -> None:
+    def publish(self, region: Region) -> None:
         """``region`` now holds a committed snapshot: make it the current one (atomically, by rename)."""
         if region is self.current:
             return
@@ -183,7 +183,7 @@ def _copy_tensor(destination: torch.Tensor, tensor: torch.Tensor) -> None:
     destination.copy_(raw, non_blocking=raw.is_cuda)
 
 
-def write_snapshot(region: _Region, plan: Plan, tensors: Sequence[torch.Tensor], header: Header) -> None:
+def write_snapshot(region: Region, plan: Plan, tensors: Sequence[torch.Tensor], header: Header) -> None:
     """Copy ``tensors`` into ``region`` per ``plan``; the header says COMMITTED only once every byte is there."""
     view = region.view()
     struct.pack_into("<I", view, _STATE_OFFSET, WRITING)
