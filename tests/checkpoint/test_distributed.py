@@ -49,3 +49,19 @@ def test_replicated_state_loads_after_the_world_shrinks_or_grows(tmp_path: Path)
                       emergency_save=False) as grown:
         restored = grown.load_latest()  # rank 3 never saved: it takes the lowest rank's replica
     assert restored is not None and restored.step == 5 and torch.equal(restored.state["shard"], torch.zeros(3))
+
+
+def test_dtensor_state_is_saved_as_local_shards_and_copied_back(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, str(WORKERS / "dtensor.py"), str(tmp_path)], capture_output=True, text=True,
+                          timeout=90, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
+
+
+def test_copy_into_refuses_a_shape_mismatch() -> None:
+    from kcover.checkpoint import copy_into
+
+    live = {"w": torch.zeros(2, 3)}
+    with pytest.raises(ValueError, match=r"into a tensor of shape \(2, 3\)"):
+        copy_into(live, {"w": torch.zeros(3, 2)})
+    assert copy_into(live, {"w": torch.ones(2, 3)}) == 1 and torch.equal(live["w"], torch.ones(2, 3))

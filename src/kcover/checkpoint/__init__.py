@@ -10,7 +10,8 @@ snapshot when the supervisor sends SIGTERM.  See the README section
 
 Layout: :mod:`.checkpointer` (the API), :mod:`.snapshot` (the shared-memory
 buffer), :mod:`.image` (the byte layout), :mod:`.disk` and :mod:`.manifest`
-(files), :mod:`.restore` (reading a candidate back), :mod:`.flatten` (state ↔ tensors + skeleton), :mod:`.emergency`
+(files), :mod:`.restore` (reading a candidate back), :mod:`.flatten` (state ↔
+tensors + skeleton), :mod:`.shards` (DTensor local shards), :mod:`.emergency`
 (SIGTERM), :mod:`.agree` (ranks agree on a step), :mod:`.errors`.
 """
 
@@ -22,6 +23,7 @@ from kcover.checkpoint.errors import (
     WorldSizeChangedError,
 )
 from kcover.checkpoint.restore import Restored
+from kcover.checkpoint.shards import copy_into, local_shards
 
 __all__ = [
     "CheckpointError",
@@ -30,6 +32,8 @@ __all__ = [
     "CorruptCheckpointError",
     "Restored",
     "WorldSizeChangedError",
+    "copy_into",
+    "local_shards",
     "remove_snapshots",
     "snapshot_path",
 ]

@@ -83,8 +83,8 @@ def check_tensor(tensor: torch.Tensor) -> None:
     kind = type(tensor).__name__
     if kind in {"DTensor", "ShardedTensor"}:
         raise CheckpointError(
-            f"a {kind} leaf: save each rank's local shard (.to_local() / .local_tensor()) or use "
-            "torch.distributed.checkpoint for resharding state (see the README)"
+            f"a {kind} leaf: save kcover.checkpoint.local_shards(state) (each rank's local shard) and restore "
+            "with copy_into(), or use torch.distributed.checkpoint to reshard (see the README)"
         )
     if tensor.layout != torch.strided or tensor.is_quantized or tensor.is_meta:
         raise CheckpointError(f"unsupported tensor (layout {tensor.layout}, device {tensor.device}): only dense ones")
