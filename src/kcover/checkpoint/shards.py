@@ -40,7 +40,7 @@ def copy_into(live: Any, restored: Any) -> int:
     Raises ``KeyError``/``ValueError`` when the structures or shapes differ (another world size or model).
     """
     if isinstance(live, torch.Tensor):
-        target = live.to_local() if _is_dtensor(live) else live
+        target: torch.Tensor = live.to_local() if _is_dtensor(live) else live  # type: ignore[attr-defined]
         if not isinstance(restored, torch.Tensor) or target.shape != restored.shape:
             raise ValueError(f"cannot restore {type(restored).__name__} {getattr(restored, 'shape', '')} "
                              f"into a tensor of shape {tuple(target.shape)}")
