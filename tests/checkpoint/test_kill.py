@@ -19,9 +19,10 @@ def test_100_random_sigkills_never_leave_a_torn_checkpoint(tmp_path: Path, shm_d
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["failures"] == [], (report, done.stderr[-3000:])
     assert report["rounds"] == 100
-    assert report["sources"]["memory"] >= 10  # restarts found their snapshot in shared memory…
-    assert report["sources"]["disk"] >= 1  # …and some kills tore it mid-copy, so disk served
-    assert report["steps"][-1] > report["steps"][0]  # training moved on across the restarts
-    assert not list((tmp_path / "ckpt").rglob("*.tmp"))  # the restart cleaned what the kills left
+    assert report["sources"]["memory"] >= 10  # restarts found their snapshot in shared memory (the others, a
+    # torn one — killed mid-copy — and restored from disk; how many is up to chance, so it is not asserted)
+    assert report["steps"][-1] > report["steps"][0], report  # training moved on across the restarts
+    leftovers = list((tmp_path / "ckpt").rglob("*.tmp"))
+    assert not leftovers  # the restart cleaned what the kills left
     committed = sorted((tmp_path / "ckpt").glob("step-*/rank-00000.json"))
-    assert 1 <= len(committed) <= 3  # keep_last=2, plus one committed just before a kill and not yet pruned
+    assert 1 <= len(committed) <= 3, committed  # keep_last=2, plus one committed just before a kill, not pruned
