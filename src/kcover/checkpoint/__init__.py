@@ -1,0 +1,39 @@
+"""Fast, never-torn checkpoints for distributed training (``pip install kcover[torch]``).
+
+Recovery time is detection + restart + checkpoint save/load; this package makes
+the last term small.  :class:`Checkpointer` snapshots a (nested) state dict into
+shared memory — the only part that blocks training — persists it in the
+background with fsync, per-block CRC-32 and an atomic manifest rename, restores
+a restarted worker from shared memory at memory speed, and persists the newest
+snapshot when the supervisor sends SIGTERM.  See the README section
+"Checkpoints" for the guarantees and their limits.
+
+Layout: :mod:`.checkpointer` (the API), :mod:`.snapshot` (the shared-memory
+buffer), :mod:`.image` (the byte layout), :mod:`.disk` and :mod:`.manifest`
+(files), :mod:`.restore` (reading a candidate back), :mod:`.flatten` (state ↔
+tensors + skeleton), :mod:`.shards` (DTensor local shards), :mod:`.emergency`
+(SIGTERM), :mod:`.agree` (ranks agree on a step), :mod:`.errors`.
+"""
+
+from kcover.checkpoint.checkpointer import Checkpointer, remove_snapshots, snapshot_path
+from kcover.checkpoint.errors import (
+    CheckpointError,
+    CheckpointWriteError,
+    CorruptCheckpointError,
+    WorldSizeChangedError,
+)
+from kcover.checkpoint.restore import Restored
+from kcover.checkpoint.shards import copy_into, local_shards
+
+__all__ = [
+    "CheckpointError",
+    "CheckpointWriteError",
+    "Checkpointer",
+    "CorruptCheckpointError",
+    "Restored",
+    "WorldSizeChangedError",
+    "copy_into",
+    "local_shards",
+    "remove_snapshots",
+    "snapshot_path",
+]

@@ -1,0 +1,379 @@
+"""The Checkpointer: async save into shared memory, background persist, verified restore.
+
+``save(step, state)`` blocks training only while the state's tensors are copied
+into the host snapshot buffer (:mod:`~kcover.checkpoint.snapshot`, a
+``/dev/shm`` file, so the snapshot survives the worker); a background thread
+then writes the same bytes to the checkpoint dir (:mod:`~kcover.checkpoint.disk`),
+commits them with an atomic manifest rename, reports ``kcover.checkpointed(step)``
+to ``kcover run`` and prunes old checkpoints.  There is one snapshot buffer,
+so peak extra host memory is one state size: a ``save`` while the previous
+snapshot is still being persisted either waits for it (``if_busy="wait"``,
+the default) or returns False without saving (``if_busy="skip"``).
+
+``load_latest()`` restores the newest complete checkpoint this rank can load —
+from shared memory when its snapshot is at least as new as the newest on disk
+(a worker restarted on the same machine), else from disk, verifying every
+block's checksum and falling back to older checkpoints with a warning.  Under
+``torch.distributed`` the ranks agree on one step (:mod:`~kcover.checkpoint.agree`).
+On SIGTERM the newest snapshot is persisted before the process ends
+(:mod:`~kcover.checkpoint.emergency`).  Write failures never raise into the
+training loop: they are logged and kept in ``last_error``.
+
+Called by training scripts, usually as ``Checkpointer()`` under ``kcover run``
+(the dir comes from ``KCOVER_CHECKPOINT_DIR``, rank and world size from
+``RANK`` / ``WORLD_SIZE``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import secrets
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from kcover import sdk
+from kcover.checkpoint import disk
+from kcover.checkpoint.agree import NONE, agree_on_step
+from kcover.checkpoint.emergency import SigtermGuard
+from kcover.checkpoint.errors import CheckpointError, WorldSizeChangedError
+from kcover.checkpoint.flatten import flatten
+from kcover.checkpoint.image import COMMITTED, Header, Image, make_plan, parse
+from kcover.checkpoint.restore import Restored, load_from_disk, map_private, materialize, memory_image, usable_manifest
+from kcover.checkpoint.snapshot import Region, SnapshotBuffer, write_snapshot
+
+log = logging.getLogger("kcover.checkpoint")
+IfBusy = Literal["wait", "skip"]
+DEFAULT_SHARED_MEMORY = "/dev/shm"
+
+
+def snapshot_path(shared_memory: Path, directory: Path, rank: int, job_id: str | None = None) -> Path:
+    """The shared-memory file of ``rank``'s snapshot: stable across restarts of the same job."""
+    digest = hashlib.sha1((job_id or str(directory.absolute())).encode()).hexdigest()[:16]
+    return shared_memory / f"kcover-{digest}-rank{rank:05d}.img"
+
+
+def remove_snapshots(directory: str | os.PathLike[str], shared_memory: str | os.PathLike[str] = DEFAULT_SHARED_MEMORY,
+                     job_id: str | None = None) -> list[Path]:
+    """Delete every rank's shared-memory snapshot of a job (call when the job is finished)."""
+    example = snapshot_path(Path(shared_memory), Path(directory), 0, job_id)
+    prefix = example.name[: -len("00000.img")]
+    removed = []
+    for path in Path(shared_memory).glob(prefix + "*.img"):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+            removed.append(path)
+    return removed
+
+
+def _dir_token(directory: Path) -> str:
+    """A random id stored in the dir: a snapshot taken for a deleted and recreated dir is not restored."""
+    path = directory / ".kcover-id"
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError, PermissionError):
+        return path.read_text().strip()
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        partial = directory / f".kcover-id.{os.getpid()}.tmp"
+        partial.write_text(secrets.token_hex(8))
+        with contextlib.suppress(FileExistsError):
+            os.link(partial, path)  # create-if-absent, atomically: concurrent ranks agree on one token
+        partial.unlink()
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name, "")
+    return int(value) if value.isdigit() else default
+
+
+class Checkpointer:
+    """Fast, never-torn checkpoints of one rank's state dict (see the module docstring)."""
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str] | None = None,
+        *,
+        keep_last: int = 2,
+        keep_every: int | None = None,
+        if_busy: IfBusy = "wait",
+        rank: int | None = None,
+        world_size: int | None = None,
+        replicated: bool = False,
+        shared_memory: str | os.PathLike[str] | None = DEFAULT_SHARED_MEMORY,
+        job_id: str | None = None,
+        emergency_save: bool = True,
+        trusted: bool = False,
+        block_size: int = 64 << 20,
+    ) -> None:
+        if directory is None:
+            directory = os.environ.get("KCOVER_CHECKPOINT_DIR") or None
+            if directory is None:
+                raise CheckpointError("no checkpoint dir given and KCOVER_CHECKPOINT_DIR is not set")
+        if keep_last < 1 or (keep_every is not None and keep_every < 1) or if_busy not in ("wait", "skip"):
+            raise ValueError("keep_last and keep_every must be ≥ 1, if_busy 'wait' or 'skip'")
+        self.directory = Path(directory).absolute()
+        self.rank = _env_int("RANK", 0) if rank is None else rank
+        self.world_size = _env_int("WORLD_SIZE", 1) if world_size is None else world_size
+        self.keep_last, self.keep_every, self.if_busy = keep_last, keep_every, if_busy
+        self.replicated, self.trusted, self.block_size = replicated, trusted, block_size
+        self.last_error: CheckpointError | None = None
+        self.persisted_step: int | None = None
+        self.last_blocking_seconds = 0.0
+        self.last_persist_seconds = 0.0
+        self.skipped = 0
+        shm: Path | None = None
+        if shared_memory is not None and Path(shared_memory).is_dir():
+            shm = snapshot_path(Path(shared_memory), self.directory, self.rank, job_id)
+        self._buffer = SnapshotBuffer(shm)
+        self._token = _dir_token(self.directory)
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._unpersisted: tuple[int, int] | None = None  # (step, size) in the buffer, not yet on disk
+        self._stopping = False
+        self._closed = False
+        self._world_changed: WorldSizeChangedError | None = None
+        self._guard = SigtermGuard(self._emergency) if emergency_save else None
+        disk.clean_leftovers(self.directory, self.rank)
+        self._adopt_snapshot()
+        if self._guard is not None:
+            self._guard.install()
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """The snapshot lock; a SIGTERM handled meanwhile in this thread waits until it is released."""
+        with self._guard.deferred() if self._guard else contextlib.nullcontext(), self._lock:
+            yield
+
+    # saving ---------------------------------------------------------------------------------------------------
+
+    def save(self, step: int, state: Any, *, persist: bool = True) -> bool:
+        """Snapshot ``state`` as ``step`` (blocking only for the copy), then persist it in the background.
+
+        Returns False when the save was skipped (``if_busy="skip"`` and a persist still running, or the
+        process is being terminated).  ``persist=False`` keeps the snapshot in memory only: instant restore
+        and the emergency save on SIGTERM, no disk write.
+        """
+        if self._closed:
+            raise CheckpointError("this Checkpointer is closed")
+        if self._stopping:
+            return False
+        skeleton, tensors = flatten(state, self.trusted)
+        plan = make_plan(tensors, skeleton, self._token, self.replicated)
+        if self.busy:
+            if self.if_busy == "skip":
+                self.skipped += 1
+                log.info("kcover checkpoint: step %d skipped, the previous one is still being persisted", step)
+                return False
+            self.wait()
+        began = time.perf_counter()
+        with self._locked():
+            if self._stopping:  # SIGTERM arrived while we waited: the emergency save owns the buffer now
+                return False
+            region = self._target(plan.total)
+            header = Header(COMMITTED, step, time.time_ns(), plan.total, plan.meta_offset, len(plan.meta),
+                            self.rank, self.world_size)
+            write_snapshot(region, plan, tensors, header)
+            self._buffer.publish(region)
+            self._unpersisted = (step, plan.total)
+        self.last_blocking_seconds = time.perf_counter() - began
+        if persist:
+            self._thread = threading.Thread(target=self._persist, args=(step, plan.total), name="kcover-persist")
+            self._thread.start()
+        return True
+
+    def _target(self, size: int) -> Region:
+        try:
+            return self._buffer.prepare(size)
+        except CheckpointError as exc:
+            log.warning("kcover checkpoint: %s; snapshots go to private memory (no instant restore after a "
+                        "restart)", exc)
+            self._buffer.use_private()
+            return self._buffer.prepare(size)
+
+    def reserve(self, state: Any) -> None:
+        """Reserve the snapshot buffer for ``state`` on a background thread (saves the first ``save`` the cost)."""
+        skeleton, tensors = flatten(state, self.trusted)
+        self._prepare_in_background(make_plan(tensors, skeleton, self._token, self.replicated).total)
+
+    def _prepare_in_background(self, size: int) -> None:
+        def prepare() -> None:
+            with self._lock, contextlib.suppress(CheckpointError):
+                if not self._closed:
+                    self._buffer.prepare(size)
+
+        threading.Thread(target=prepare, name="kcover-reserve", daemon=True).start()
+
+    @property
+    def busy(self) -> bool:
+        """True while a snapshot is being persisted."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the snapshot in flight to be persisted; True when nothing is in flight any more."""
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+        return not self.busy
+
+    def _persist(self, step: int, size: int) -> None:
+        began = time.perf_counter()
+        try:
+            disk.persist(self.directory, self._buffer.view()[:size], step, self.rank, self.world_size,
+                         self.replicated, self.block_size)
+        except CheckpointError as exc:
+            self.last_error = exc
+            log.error("kcover checkpoint: %s; training continues, earlier checkpoints are intact", exc)
+            return
+        self.last_persist_seconds = time.perf_counter() - began
+        self.persisted_step = step
+        if self._unpersisted == (step, size):
+            self._unpersisted = None
+        sdk.checkpointed(step)
+        try:
+            disk.prune(self.directory, self.rank, self.keep_last, self.keep_every)
+        except OSError as exc:
+            log.warning("kcover checkpoint: pruning old checkpoints failed: %s", exc)
+
+    def _emergency(self) -> None:
+        """On SIGTERM: let a snapshot or persist in progress finish, then persist the newest snapshot.
+
+        Holds the snapshot lock throughout, so no new snapshot can overwrite the bytes being written.
+        """
+        self._stopping = True
+        began = time.perf_counter()
+        with self._lock:
+            self.wait()
+            pending = self._unpersisted
+            if pending is not None:
+                self._persist(*pending)
+                log.warning("kcover checkpoint: SIGTERM: step %d persisted in %.2f s", pending[0],
+                            time.perf_counter() - began)
+
+    def _adopt_snapshot(self) -> None:
+        """A snapshot left in shared memory by a previous life of this rank, newer than the disk: not yet safe."""
+        memory = self._memory_step()
+        on_disk = max(disk.committed_steps(self.directory, self.rank), default=NONE)
+        header = self._buffer.header()
+        if memory is not None and memory > on_disk and header is not None:
+            self._unpersisted = (memory, header.total)
+
+    # loading --------------------------------------------------------------------------------------------------
+
+    def _memory_step(self) -> int | None:
+        with self._locked():
+            image = memory_image(self._buffer, self.rank, self.world_size, self._token)
+        return image.header.step if image else None
+
+    def _disk_steps(self) -> dict[int, list[int]]:
+        """Committed steps → the ranks whose files this rank may load, best first."""
+        if not self.replicated:
+            return {s: [self.rank] for s in disk.committed_steps(self.directory, self.rank)}
+        return {s: sorted(ranks, key=lambda r: (r != self.rank, r))
+                for s, ranks in disk.committed_steps(self.directory, None).items()}
+
+    def latest_step(self) -> int | None:
+        """The newest step with a snapshot in memory or a readable manifest on disk (data not yet verified)."""
+        memory = self._memory_step()
+        steps = [NONE if memory is None else memory]
+        for step, ranks in self._disk_steps().items():
+            with contextlib.suppress(CheckpointError):
+                usable_manifest(self.directory, step, ranks[0], self.world_size)
+                steps.append(step)
+        best = max(steps)
+        return None if best == NONE else best
+
+    def _load_memory(self) -> tuple[torch.Tensor, Image] | None:
+        with self._locked():
+            image = memory_image(self._buffer, self.rank, self.world_size, self._token)
+            if image is None or self._buffer.path is None:
+                return None
+            private = map_private(self._buffer.path, image.header.total)
+            self._buffer.freeze(private)  # the next snapshot must not overwrite what the restored tensors see
+        return torch.frombuffer(private, dtype=torch.uint8), parse(memoryview(private), str(self._buffer.path))
+
+    def _load_step(self, step: int, memory_step: int | None, disk_steps: dict[int, list[int]],
+                   device: torch.device | None) -> Restored | None:
+        if step == memory_step:
+            loaded = self._load_memory()
+            if loaded is not None:
+                return materialize(step, *loaded, "memory", str(self._buffer.path), device, self.trusted)
+        for rank in disk_steps.get(step, []):
+            try:
+                data, image = load_from_disk(self.directory, step, rank, self.world_size)
+            except CheckpointError as exc:
+                log.warning("kcover checkpoint: skipping step %d: %s", step, exc)
+                if isinstance(exc, WorldSizeChangedError):
+                    self._world_changed = exc
+                continue
+            where = str(disk.step_dir(self.directory, step))
+            return materialize(step, data, image, "disk", where, device, self.trusted)
+        return None
+
+    def load_latest(self, device: str | torch.device | None = None) -> Restored | None:
+        """Restore the newest complete, verified checkpoint (see the module docstring); None if there is none.
+
+        Tensors come back on the CPU, as views of one buffer, unless ``device`` is given.  Raises
+        :class:`WorldSizeChangedError` when the only checkpoints are sharded ones of another world size.
+        """
+        self.wait()
+        memory_step = self._memory_step()
+        disk_steps = self._disk_steps()
+        steps = sorted(set(disk_steps) | ({memory_step} if memory_step is not None else set()), reverse=True)
+        self._world_changed = None
+        loaded: Restored | None = None
+        failed: set[int] = set()
+
+        def load(step: int) -> bool:
+            nonlocal loaded
+            if loaded is not None and loaded.step == step:
+                return True
+            if step in failed or step not in steps:
+                return False
+            loaded = None  # at most one restored state held at a time
+            loaded = self._load_step(step, memory_step, disk_steps, None if device is None else torch.device(device))
+            if loaded is None:
+                failed.add(step)
+            return loaded is not None
+
+        def best_at_most(bound: int) -> int:
+            return next((s for s in steps if s <= bound and load(s)), NONE)
+
+        step = agree_on_step(best_at_most, load)
+        if step == NONE:
+            if self._world_changed is not None:
+                raise self._world_changed
+            return None
+        load(step)
+        assert loaded is not None
+        if loaded.source == "memory":
+            log.info("kcover checkpoint: step %d restored from shared memory", step)
+        return loaded
+
+    # lifetime -------------------------------------------------------------------------------------------------
+
+    def close(self, remove_snapshot: bool = False) -> None:
+        """Finish the persist in flight and release the snapshot buffer (deleted only if ``remove_snapshot``)."""
+        if self._closed:
+            return
+        self.wait()
+        if self._guard is not None:
+            self._guard.uninstall()
+        with self._locked():
+            self._closed = True
+            self._buffer.close(remove=remove_snapshot)
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+

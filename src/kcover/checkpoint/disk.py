@@ -1,0 +1,262 @@
+"""Checkpoints on disk: write never torn, read only when verified, prune by retention.
+
+Layout, one folder per step, one image and one manifest per rank::
+
+    <dir>/step-000000001200/rank-00003.img    the snapshot image, byte for byte
+    <dir>/step-000000001200/rank-00003.json   the manifest: committing = renaming it into place
+
+:func:`persist` writes the image to a temporary name with large sequential
+``write`` calls straight from the snapshot buffer (CRC-32 of each block is
+computed on a second thread meanwhile), ``fsync``s it, renames it, then writes,
+``fsync``s and renames the manifest and ``fsync``s the folders.  A crash at any
+point leaves either the old set of checkpoints or the old set plus the new one.
+:func:`read_verified` checks the size and every block's checksum before handing
+the bytes over.  Each rank only ever deletes its own files, so ranks sharing a
+folder never race on deletion.  Called by the Checkpointer's background thread
+(writes) and by its ``load_latest`` (reads).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import queue
+import re
+import threading
+import time
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from kcover.checkpoint.errors import CheckpointWriteError, CorruptCheckpointError
+from kcover.checkpoint.manifest import Manifest
+
+_STEP_DIR = re.compile(r"step-(\d{12})")
+_RANK_FILE = re.compile(r"rank-(\d{5})\.json")
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return root / f"step-{step:012d}"
+
+
+def _stem(rank: int) -> str:
+    return f"rank-{rank:05d}"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, data: memoryview) -> None:
+    while data:
+        written = os.write(fd, data)
+        data = data[written:]
+
+
+class _Checksums:
+    """CRC-32 of each block on a helper thread, so checksumming overlaps the I/O (both release the GIL).
+
+    Not a ThreadPoolExecutor: those refuse work once the interpreter is shutting down, which is exactly when
+    a persist still in flight must finish.  If no thread can be started the checksums are computed inline.
+    """
+
+    def __init__(self) -> None:
+        self.values: list[int] = []
+        self._blocks: queue.SimpleQueue[memoryview | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = threading.Thread(target=self._run, name="kcover-crc", daemon=True)
+        try:
+            self._thread.start()
+        except RuntimeError:
+            self._thread = None
+
+    def _run(self) -> None:
+        while (block := self._blocks.get()) is not None:
+            self.values.append(zlib.crc32(block))
+
+    def add(self, block: memoryview) -> None:
+        if self._thread is None:
+            self.values.append(zlib.crc32(block))
+        else:
+            self._blocks.put(block)
+
+    def finish(self) -> list[int]:
+        if self._thread is not None:
+            self._blocks.put(None)
+            self._thread.join()
+        return self.values
+
+
+def _create(path: Path) -> int:
+    """Create ``path`` and its folder.  Another rank may remove the folder while it is empty (pruning), so a
+    vanished folder is made again; once our file is in it, nobody removes it."""
+    for _ in range(10):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        except FileNotFoundError:
+            continue
+    raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path.parent))
+
+
+def _write_file(path: Path, data: memoryview, block_size: int) -> list[int]:
+    """Write ``data`` to a new file at ``path`` and fsync it; returns per-block CRC-32s."""
+    fd = _create(path)
+    try:
+        try:
+            os.posix_fallocate(fd, 0, max(len(data), 1))  # ENOSPC now, not after writing gigabytes
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                raise
+        checksums = _Checksums()
+        try:
+            for start in range(0, len(data), block_size):
+                block = data[start : start + block_size]
+                checksums.add(block)
+                _write_all(fd, block)
+        finally:
+            crcs = checksums.finish()
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return crcs
+
+
+def persist(
+    root: Path, data: memoryview, step: int, rank: int, world_size: int, replicated: bool, block_size: int
+) -> Manifest:
+    """Write and commit one rank's image of ``step``; raises :class:`CheckpointWriteError`, leaving nothing."""
+    folder = step_dir(root, step)
+    image_tmp, manifest_tmp = folder / f".{_stem(rank)}.img.tmp", folder / f".{_stem(rank)}.json.tmp"
+    try:
+        new_folder = not folder.is_dir()
+        crcs = _write_file(image_tmp, data, block_size)
+        os.replace(image_tmp, folder / f"{_stem(rank)}.img")
+        manifest = Manifest(step, rank, world_size, replicated, f"{_stem(rank)}.img", len(data), block_size,
+                            tuple(crcs), time.time())
+        text = manifest.to_json()
+        with manifest_tmp.open("wb") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(manifest_tmp, folder / f"{_stem(rank)}.json")
+        _fsync_dir(folder)
+        if new_folder:
+            _fsync_dir(root)
+    except OSError as exc:
+        for leftover in (image_tmp, manifest_tmp):
+            with contextlib.suppress(OSError):
+                leftover.unlink()
+        raise CheckpointWriteError(
+            f"cannot write checkpoint of step {step} (rank {rank}) to {folder}: {exc.strerror or exc}"
+        ) from exc
+    return manifest
+
+
+def committed_steps(root: Path, rank: int | None) -> dict[int, list[int]]:
+    """Steps with a manifest in place → the ranks that have one (``rank`` None: all ranks). Not verified."""
+    found: dict[int, list[int]] = {}
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(root):
+            match = _STEP_DIR.fullmatch(entry.name)
+            if not match or not entry.is_dir():
+                continue
+            with contextlib.suppress(OSError):
+                for name in os.listdir(entry.path):
+                    file = _RANK_FILE.fullmatch(name)
+                    if file and (rank is None or int(file.group(1)) == rank):
+                        found.setdefault(int(match.group(1)), []).append(int(file.group(1)))
+    return {step: sorted(ranks) for step, ranks in found.items()}
+
+
+def read_manifest(root: Path, step: int, rank: int) -> Manifest:
+    path = step_dir(root, step) / f"{_stem(rank)}.json"
+    try:
+        manifest = Manifest.from_json(path.read_bytes(), str(path))
+    except OSError as exc:
+        raise CorruptCheckpointError(f"{path}: {exc.strerror or exc}") from None
+    if (manifest.step, manifest.rank) != (step, rank):
+        raise CorruptCheckpointError(f"{path}: manifest is for step {manifest.step} rank {manifest.rank}")
+    return manifest
+
+
+def read_verified(root: Path, manifest: Manifest) -> torch.Tensor:
+    """The image bytes as a uint8 tensor, after checking size and every block's CRC-32."""
+    path = step_dir(root, manifest.step) / manifest.file
+    try:
+        with path.open("rb", buffering=0) as source:
+            size = os.fstat(source.fileno()).st_size
+            if size != manifest.size:
+                raise CorruptCheckpointError(f"{path}: {size} bytes, the manifest says {manifest.size} (truncated?)")
+            data = torch.empty(size, dtype=torch.uint8)
+            view = data.numpy().data
+            checksums = _Checksums()
+            try:
+                for start in range(0, size, manifest.block_size):
+                    block = view[start : start + manifest.block_size]
+                    if source.readinto(block) != len(block):
+                        raise CorruptCheckpointError(f"{path}: short read at byte {start}")
+                    checksums.add(block)
+            finally:
+                crcs = checksums.finish()
+            for index, (got, expected) in enumerate(zip(crcs, manifest.crc32, strict=True)):
+                if got != expected:
+                    start = index * manifest.block_size
+                    raise CorruptCheckpointError(
+                        f"{path}: checksum mismatch in bytes {start}–{min(size, start + manifest.block_size)}"
+                    )
+    except OSError as exc:
+        raise CorruptCheckpointError(f"{path}: {exc.strerror or exc}") from None
+    return data
+
+
+def _own_files(folder: Path, rank: int) -> Iterator[Path]:
+    stem = _stem(rank)
+    with contextlib.suppress(OSError):
+        for name in os.listdir(folder):
+            if name.startswith((stem + ".", f".{stem}.")):
+                yield folder / name
+
+
+def _remove_step(root: Path, step: int, rank: int) -> None:
+    folder = step_dir(root, step)
+    manifest = folder / f"{_stem(rank)}.json"
+    with contextlib.suppress(FileNotFoundError):
+        manifest.unlink()  # uncommit first: a half-deleted checkpoint must not look complete
+    for path in _own_files(folder, rank):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+    with contextlib.suppress(OSError):
+        folder.rmdir()  # only succeeds once every rank's files are gone
+
+
+def prune(root: Path, rank: int, keep_last: int, keep_every: int | None) -> list[int]:
+    """Delete this rank's checkpoints outside the retention policy; returns the steps removed."""
+    steps = sorted(committed_steps(root, rank), reverse=True)
+    keep = set(steps[:keep_last]) | {s for s in steps if keep_every and s % keep_every == 0}
+    removed = [s for s in steps if s not in keep]
+    for step in removed:
+        _remove_step(root, step, rank)
+    return removed
+
+
+def clean_leftovers(root: Path, rank: int) -> None:
+    """Remove this rank's temporary files and uncommitted images (a writer was killed mid-save)."""
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(root):
+            if not _STEP_DIR.fullmatch(entry.name) or not entry.is_dir():
+                continue
+            folder = Path(entry.path)
+            committed = (folder / f"{_stem(rank)}.json").exists()
+            for path in _own_files(folder, rank):
+                if path.name.endswith(".tmp") or (not committed and path.suffix == ".img"):
+                    with contextlib.suppress(FileNotFoundError):
+                        path.unlink()
+            with contextlib.suppress(OSError):
+                folder.rmdir()

@@ -1,0 +1,68 @@
+"""On SIGTERM the newest in-memory snapshot reaches the disk within the grace period, then the process ends."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from tests.checkpoint.conftest import WORKERS
+from tests.checkpoint.states import assert_state, make_state
+
+from kcover.checkpoint import Checkpointer
+
+
+def start(*args: str) -> subprocess.Popen[str]:
+    process = subprocess.Popen([sys.executable, str(WORKERS / "sigterm_saver.py"), *args],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    assert process.stdout.readline() == "ready\n", process.stderr.read() if process.stderr else ""
+    return process
+
+
+def stop(process: subprocess.Popen[str]) -> tuple[int, float, str]:
+    began = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=20)
+    return process.returncode, time.monotonic() - began, stderr
+
+
+def on_disk(directory: Path) -> int:
+    with Checkpointer(directory, shared_memory=None, emergency_save=False) as checkpointer:
+        restored = checkpointer.load_latest()
+    assert restored is not None
+    assert_state(restored.state, make_state(restored.step))
+    return restored.step
+
+
+@pytest.mark.parametrize(("mode", "exit_code"), [("sleep", -signal.SIGTERM), ("handler", 7)])
+def test_sigterm_persists_the_memory_snapshot_then_ends_as_it_would_have(
+    tmp_path: Path, shm_dir: Path, mode: str, exit_code: int
+) -> None:
+    process = start(str(tmp_path), str(shm_dir), mode)
+    assert on_disk(tmp_path) == 1  # step 2 is in memory only
+    code, seconds, stderr = stop(process)
+    assert code == exit_code, stderr
+    assert seconds < 5
+    assert "SIGTERM: step 2 persisted" in stderr
+    assert on_disk(tmp_path) == 2
+
+
+def test_sigterm_while_stuck_in_a_collective(tmp_path: Path, shm_dir: Path) -> None:
+    store = str(tmp_path / "store")
+    peer = subprocess.Popen([sys.executable, str(WORKERS / "sigterm_saver.py"), str(tmp_path / "peer"), str(shm_dir),
+                             "barrier", "1", store], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        process = start(str(tmp_path / "ckpt"), str(shm_dir), "barrier", "0", store)
+        time.sleep(0.3)  # rank 0 is now inside dist.barrier(), in C++
+        code, seconds, stderr = stop(process)
+        assert code == 128 + signal.SIGTERM, stderr
+        assert seconds < 5
+        assert "main thread busy in native code" in stderr
+        assert on_disk(tmp_path / "ckpt") == 2
+    finally:
+        peer.kill()
+        peer.communicate()
