@@ -85,7 +85,8 @@ def main() -> None:
           f"p99 {p99:.2f} s (target <= 2 s)")
     print(f"API round-trip floor (patch + read a job): p50 {statistics.median(floor) * 1000:.0f} ms")
     print(f"operator peak RSS {peak / 2**20:.0f} MB (target <= 300 MB)")
-    print(f"agent at 10,000 lines/s: peak RSS {agent_rss / 2**20:.0f} MB (target <= 80 MB), CPU {agent_cpu:.0%} of a core")
+    print(f"agent at 10,000 lines/s: peak RSS {agent_rss / 2**20:.0f} MB (target <= 80 MB), "
+          f"CPU {agent_cpu:.0%} of a core")
 
 
 def start_jobs(core: client.CoreV1Api, batch: client.BatchV1Api, namespace: str, jobs: int, per_job: int,
