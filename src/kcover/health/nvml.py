@@ -80,7 +80,7 @@ class PynvmlApi:
 
     def __init__(self) -> None:
         try:
-            import pynvml  # type: ignore[import-untyped]
+            import pynvml
         except ImportError as exc:
             raise NvmlUnavailableError("nvidia-ml-py is not installed (pip install 'kcover[gpu]')") from exc
         try:
