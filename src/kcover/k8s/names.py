@@ -18,7 +18,6 @@ MAX_RESTARTS = "kcover.io/max-restarts"
 USER_CODE_RETRIES = "kcover.io/user-code-retries"
 EXCLUDE_NODES = "kcover.io/exclude-nodes"
 GRACE_PERIOD = "kcover.io/grace-period"
-OVERRIDES = (MAX_RESTARTS, USER_CODE_RETRIES, EXCLUDE_NODES, GRACE_PERIOD)
 
 # kcover's own records
 RECOVERY = "kcover.io/recovery"

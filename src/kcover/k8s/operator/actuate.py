@@ -34,7 +34,7 @@ from kubernetes.client.exceptions import ApiException
 
 from kcover.faults import Verdict
 from kcover.health.quarantine.kube import KubeQuarantine
-from kcover.k8s.names import FIELD_MANAGER, REASON, RECOVERY, STATE
+from kcover.k8s.names import EVIDENCE_LABEL, FIELD_MANAGER, REASON, RECOVERY, STATE
 from kcover.k8s.operator.views import JobView, PodView, utc_now
 from kcover.report import verdict_to_dict
 
@@ -115,7 +115,7 @@ class Actuator:
                                         uid=job.uid)
         body = client.V1ConfigMap(
             metadata=client.V1ObjectMeta(name=name, namespace=job.namespace, owner_references=[owner],
-                                         labels={"kcover.io/evidence-for": job.name[:63]}),
+                                         labels={EVIDENCE_LABEL: job.name[:63]}),
             data=data,
         )
         try:
