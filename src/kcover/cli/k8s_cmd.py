@@ -52,15 +52,16 @@ def agent(
     metrics_port: Annotated[int | None, typer.Option(help="Serve Prometheus metrics on this port.")] = None,
 ) -> None:
     """Node agent: classify container and kernel logs, run health checks, report to the API."""
-    from kcover.health import HealthConfigError
-    from kcover.k8s.agent.health import HealthLoop
     from kcover.k8s.agent.loop import Agent
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     api = _connect(kubeconfig)
     kernel = kmsg if kmsg is not None and str(kmsg) not in ("", ".") and kmsg.exists() else None
-    health = None
+    health: Any = None
     if health_interval > 0:
+        from kcover.health import HealthConfigError
+        from kcover.k8s.agent.health import HealthLoop
+
         try:
             health = HealthLoop(api, node, health_interval, health_suite, health_config, release_after)
         except (HealthConfigError, ValueError, KeyError) as error:

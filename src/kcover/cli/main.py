@@ -3,17 +3,34 @@
 Exit codes are part of the contract: 0 success (no fatal fault), 1 a fatal
 fault or a failed job, 2 a usage error (bad option, bad catalog, missing file).
 A user's mistake is reported in one line on stderr, never as a traceback.
+
+Each command lives in its own module, imported only when that command runs
+(``kcover --help`` imports them all): a node agent should not carry the
+launcher, nor ``kcover explain`` the Kubernetes client.
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
+from typing import Any
 
 import typer
 
 from kcover.classify.rules import CatalogError
-from kcover.cli import demo_cmd, explain_cmd, history_cmd, k8s_cmd, run_cmd
-from kcover.health import cli as health_cli
+
+# command name → (module, function, extra Typer settings)
+COMMANDS: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "explain": ("kcover.cli.explain_cmd", "explain", {}),
+    "run": ("kcover.cli.run_cmd", "run", {"context_settings": {"allow_interspersed_args": False}}),
+    "history": ("kcover.cli.history_cmd", "history", {}),
+    "demo": ("kcover.cli.demo_cmd", "demo", {}),
+    "agent": ("kcover.cli.k8s_cmd", "agent", {}),
+    "operator": ("kcover.cli.k8s_cmd", "operator", {}),
+    "status": ("kcover.cli.k8s_cmd", "status", {}),
+    "check": ("kcover.health.cli", "check", {}),
+    "preflight": ("kcover.health.cli", "preflight", {}),
+}
 
 app = typer.Typer(
     name="kcover",
@@ -22,15 +39,12 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-app.command("explain")(explain_cmd.explain)
-app.command("run", context_settings={"allow_interspersed_args": False})(run_cmd.run)
-app.command("history")(history_cmd.history)
-app.command("demo")(demo_cmd.demo)
-app.command("agent")(k8s_cmd.agent)
-app.command("operator")(k8s_cmd.operator)
-app.command("status")(k8s_cmd.status)
-app.command("check")(health_cli.check)
-app.command("preflight")(health_cli.preflight)
+
+
+def register(names: list[str]) -> None:
+    for name in names:
+        module, function, settings = COMMANDS[name]
+        app.command(name, **settings)(getattr(importlib.import_module(module), function))
 
 
 @app.callback()
@@ -44,11 +58,14 @@ def _root(
         typer.echo(__version__)
         raise typer.Exit(0)
 
+
 USAGE_ERROR = 2
 
 
 def main() -> None:
     """Run the CLI; user mistakes become one line on stderr and exit code 2."""
+    wanted = sys.argv[1] if len(sys.argv) > 1 else ""
+    register([wanted] if wanted in COMMANDS else list(COMMANDS))
     try:
         app()
     except CatalogError as exc:
