@@ -12,7 +12,7 @@ import psutil
 import pytest
 from typer.testing import CliRunner
 
-from kcover.cli.main import app
+from kcover.cli.main import build_app
 from kcover.health import registry
 from kcover.health.config import HealthConfigError, load_config
 from kcover.health.model import Outcome, Status
@@ -107,7 +107,7 @@ def test_a_user_config_merges_over_the_defaults(tmp_path: Path) -> None:
 
 def test_cli_check_json_and_exit_codes(tmp_path: Path) -> None:
     runner = CliRunner()
-    ok = runner.invoke(app, ["check", "--json", "--only", "storage", "--checkpoint-dir", str(tmp_path)])
+    ok = runner.invoke(build_app(), ["check", "--json", "--only", "storage", "--checkpoint-dir", str(tmp_path)])
     assert ok.exit_code == 0, ok.output
     document = json.loads(ok.stdout)
     assert set(document) == {"node", "checks"}
@@ -115,18 +115,19 @@ def test_cli_check_json_and_exit_codes(tmp_path: Path) -> None:
     strict = tmp_path / "strict.yaml"
     strict.write_text("storage:\n  min_free_gb: 1.0e+9\n")
     failed = runner.invoke(
-        app, ["check", "--only", "storage.free", "--config", str(strict), "--checkpoint-dir", str(tmp_path)]
+        build_app(), ["check", "--only", "storage.free", "--config", str(strict), "--checkpoint-dir", str(tmp_path)]
     )
     assert failed.exit_code == 1
-    assert runner.invoke(app, ["check", "--only", "gpu.nope"]).exit_code == 2
+    assert runner.invoke(build_app(), ["check", "--only", "gpu.nope"]).exit_code == 2
     bad = tmp_path / "bad.yaml"
     bad.write_text("storage: {min_free_gb: lots}\n")
-    usage = runner.invoke(app, ["check", "--config", str(bad)])
+    usage = runner.invoke(build_app(), ["check", "--config", str(bad)])
     assert usage.exit_code == 2 and "storage.min_free_gb" in usage.output
 
 
 def test_preflight_cli_gates(tmp_path: Path) -> None:
     runner = CliRunner()
+    app = build_app()
     passed = runner.invoke(app, ["preflight", "--json", "--only", "storage", "--checkpoint-dir", str(tmp_path)])
     assert passed.exit_code == 0 and json.loads(passed.stdout)["passed"] is True
     failed = runner.invoke(app, ["preflight", "--only", "storage", "--checkpoint-dir", str(tmp_path / "missing")])

@@ -32,22 +32,6 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "preflight": ("kcover.health.cli", "preflight", {}),
 }
 
-app = typer.Typer(
-    name="kcover",
-    help="Fault awareness and instant recovery for distributed AI training.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
-
-
-def register(names: list[str]) -> None:
-    for name in names:
-        module, function, settings = COMMANDS[name]
-        app.command(name, **settings)(getattr(importlib.import_module(module), function))
-
-
-@app.callback()
 def _root(
     version: bool = typer.Option(False, "--version", help="Print the version and exit."),
 ) -> None:
@@ -59,13 +43,29 @@ def _root(
         raise typer.Exit(0)
 
 
+def build_app(names: list[str] | None = None) -> typer.Typer:
+    """The Typer app with the named commands (all of them by default), importing only those."""
+    app = typer.Typer(
+        name="kcover",
+        help="Fault awareness and instant recovery for distributed AI training.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+    )
+    app.callback(invoke_without_command=True)(_root)
+    for name in names if names is not None else list(COMMANDS):
+        module, function, settings = COMMANDS[name]
+        app.command(name, **settings)(getattr(importlib.import_module(module), function))
+    return app
+
+
 USAGE_ERROR = 2
 
 
 def main() -> None:
     """Run the CLI; user mistakes become one line on stderr and exit code 2."""
     wanted = sys.argv[1] if len(sys.argv) > 1 else ""
-    register([wanted] if wanted in COMMANDS else list(COMMANDS))
+    app = build_app([wanted] if wanted in COMMANDS else None)
     try:
         app()
     except CatalogError as exc:
