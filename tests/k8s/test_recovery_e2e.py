@@ -164,3 +164,26 @@ def test_a_new_leader_finishes_a_half_done_restart_exactly_once(
     deletions = [p for p in job_pods(core, test_namespace, "resume", running_only=False)
                  if p.metadata.uid not in old]
     assert len(deletions) == 4
+
+
+def test_pods_that_stop_making_progress_are_restarted_as_a_hang(
+        test_cluster: TestCluster, k8s_api: Any, test_namespace: str, gpu_nodes: list[str],
+        kcover_processes: Processes, tmp_path: Path) -> None:
+    core, batch = client.CoreV1Api(k8s_api), client.BatchV1Api(k8s_api)
+    body = indexed_job("stuck", test_namespace, 2)
+    body["metadata"]["annotations"] = {"kcover.io/hang-timeout": "3"}
+    batch.create_namespaced_job(test_namespace, body)
+    pods = wait_until(lambda: (p := job_pods(core, test_namespace, "stuck")) and len(p) == 2 and p, 30, "2 pods")
+    start_kcover(test_cluster, kcover_processes, gpu_nodes, tmp_path, test_namespace)
+    for step in range(1, 4):
+        for pod in pods:
+            test_cluster.write_container_log(test_namespace, pod.metadata.name, "trainer", [f"step {step} loss 2.0"])
+        import time
+
+        time.sleep(0.5)
+    # then nothing: every rank is stuck in a collective
+    wait_until(lambda: recovery(batch, test_namespace, "stuck").get("restarts") == 1, 30, "a restart for the hang")
+    last = recovery(batch, test_namespace, "stuck")["last"]
+    assert last["category"] == "collective_timeout_hang"
+    assert last["rule"] == "job.no-progress"
+    assert not any(core.read_node(n).spec.unschedulable for n in gpu_nodes)

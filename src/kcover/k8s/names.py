@@ -18,6 +18,7 @@ MAX_RESTARTS = "kcover.io/max-restarts"
 USER_CODE_RETRIES = "kcover.io/user-code-retries"
 EXCLUDE_NODES = "kcover.io/exclude-nodes"
 GRACE_PERIOD = "kcover.io/grace-period"
+HANG_TIMEOUT = "kcover.io/hang-timeout"  # read by the node agent: seconds without a new step = hung
 
 # kcover's own records
 RECOVERY = "kcover.io/recovery"

@@ -4,7 +4,10 @@ Container logs of opted-in pods are scanned block by block with the shared
 catalog matcher; each new distinct fault is reported at once (an Event) and
 recorded on its pod, repeats only counted.  Kernel messages are node-level:
 they set the node condition and are recorded on every opted-in pod of the node
-(the job on a broken node must learn of it).  Offsets are saved after every
+(the job on a broken node must learn of it).  Progress is read from the step
+numbers in the logs with the launcher's own hang detector: a pod that reported
+steps and then none for the job's ``kcover.io/hang-timeout`` (or the learned
+timeout) gets one ``job.no-progress`` fault.  Offsets are saved after every
 round that read something, so a restart neither misses nor repeats a report.
 """
 
@@ -21,9 +24,12 @@ from kcover.classify.collector import FaultCollector, SourceInfo
 from kcover.classify.matcher import Matcher
 from kcover.collect.lines import clean_block
 from kcover.explain import default_matcher
+from kcover.faults import Evidence
 from kcover.k8s.agent.pods import PodDirectory, PodInfo
 from kcover.k8s.agent.report import Reporter
 from kcover.k8s.agent.tail import KernelLog, Tailer, find_container_logs
+from kcover.launcher.hang import HangDetector
+from kcover.launcher.output import last_step
 
 POLL_SECONDS = 0.2
 log = logging.getLogger("kcover.agent")
@@ -40,6 +46,8 @@ class Agent:
         self.tailer = Tailer(state_dir / f"offsets-{node}.json")
         self.kernel = KernelLog(kmsg, self.tailer) if kmsg is not None else None
         self.collectors: dict[str, FaultCollector] = {}
+        self.progress: dict[str, HangDetector] = {}
+        self.hung: set[str] = set()
         self.node_faults = FaultCollector()
         self.lines_read = 0
 
@@ -70,6 +78,7 @@ class Agent:
             read_any = True
             block, first = found
             new += self._scan(pod, clean_block(block), first, f"{container.container}/{container.path.name}")
+        new += self._hangs(pods, time.monotonic())
         if self.kernel is not None:
             kernel_block = self.kernel.read()
             if kernel_block:
@@ -92,6 +101,31 @@ class Agent:
                 self.reporter.new_fault(pod, fault)
         for fault in collector.faults:
             self.reporter.counted(pod, fault)
+        step = last_step(block)
+        if step is not None:
+            detector = self.progress.setdefault(pod.uid, HangDetector(time.monotonic(), pod.hang_timeout))
+            if detector.observe(step, time.monotonic()):
+                self.hung.discard(pod.uid)
+        return new
+
+    def _hangs(self, pods: dict[str, PodInfo], now: float) -> int:
+        """Pods that reported steps and then none for the hang timeout: one ``job.no-progress`` fault each."""
+        new = 0
+        for uid, detector in self.progress.items():
+            pod = pods.get(uid)
+            if pod is None or uid in self.hung or detector.last_progress is None or not detector.is_hung(now):
+                continue
+            self.hung.add(uid)
+            text = detector.describe(now)
+            rule = self.matcher.classify_text(text)
+            if rule is None:
+                continue
+            collector = self.collectors.setdefault(uid, FaultCollector())
+            fault = collector.add(rule, Evidence(source=f"{pod.name}/progress", line=text, rank=pod.rank,
+                                                 node=self.node))
+            if fault is not None:
+                new += 1
+                self.reporter.new_fault(pod, fault)
         return new
 
     def _kernel(self, block: bytes, pods: dict[str, PodInfo]) -> int:

@@ -11,6 +11,7 @@ failure is never acted on twice.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +23,8 @@ from kcover.classify.rules import Rule
 from kcover.decide.policy import AttemptEnd, Decision, PastFailure, RecoveryPolicy, RecoveryState, decide
 from kcover.faults import Category, Evidence, Verdict
 from kcover.k8s.operator.views import JobView, PodView
+
+_LAST_STEP = re.compile(r"last step (\d+)")
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,14 @@ def evidence(pods: Sequence[PodView], rules: Sequence[Rule]) -> FaultCollector:
     return collector
 
 
+def hung_step(verdict: Verdict) -> int | None:
+    """The step a hang verdict stopped at (the agent writes ``last step N``), for hang-recurrence checks."""
+    if verdict.root is None or verdict.root.rule != "job.no-progress":
+        return None
+    found = _LAST_STEP.search(verdict.root.evidence.line)
+    return int(found.group(1)) if found else None
+
+
 def assess(job: JobView, pods: Sequence[PodView], rules: Sequence[Rule], policy: RecoveryPolicy) -> Assessment:
     current = current_pods(job, pods)
     failing = [p for p in current if _pod_failed(p)]
@@ -90,5 +101,5 @@ def assess(job: JobView, pods: Sequence[PodView], rules: Sequence[Rule], policy:
     verdict = attribute(evidence(current, rules).faults)
     nodes = tuple(sorted({p.node for p in current if p.node}))
     state = state_from(job.recovery())
-    decision, new_state = decide(policy, state, AttemptEnd(verdict, nodes))
+    decision, new_state = decide(policy, state, AttemptEnd(verdict, nodes, hung_step(verdict)))
     return Assessment(True, verdict, decision, new_state, tuple(p.name for p in failing))

@@ -1,0 +1,53 @@
+"""The operator's decision step, without a cluster: views in, assessment out."""
+
+from __future__ import annotations
+
+import json
+
+from kcover import explain
+from kcover.decide.policy import DecisionKind, RecoveryPolicy
+from kcover.explain import default_matcher
+from kcover.k8s import wire
+from kcover.k8s.operator.assess import assess, hung_step
+from kcover.k8s.operator.views import job_view, pod_view
+
+HANG = "No training progress for 5 s (last step 30; timeout 3 s)"
+
+
+def pod(name: str, faults_text: str, node: str, phase: str = "Running") -> dict[str, object]:
+    faults = explain(faults_text, source=name).faults
+    return {"metadata": {"uid": f"uid-{name}", "namespace": "ns", "name": name, "creationTimestamp": "t",
+                         "labels": {"batch.kubernetes.io/job-name": "train"},
+                         "annotations": {"kcover.io/faults": wire.encode(faults)}},
+            "spec": {"nodeName": node}, "status": {"phase": phase}}
+
+
+def job(recovery: dict[str, object] | None = None) -> dict[str, object]:
+    annotations = {"kcover.io/recovery": json.dumps(recovery)} if recovery else {}
+    return {"metadata": {"name": "train", "namespace": "ns", "uid": "u", "resourceVersion": "1",
+                         "labels": {"kcover.io/cascading-recovery": "true"}, "annotations": annotations}}
+
+
+def test_hang_step_is_read_from_the_agents_line() -> None:
+    assert hung_step(explain(HANG)) == 30
+    assert hung_step(explain("KeyError: 'x'")) is None
+
+
+def test_a_hang_at_the_same_step_twice_fails_the_job() -> None:
+    rules = default_matcher().rules
+    pods = [pod_view(pod("p0", HANG, "n0")), pod_view(pod("p1", HANG, "n1"))]
+    first = assess(job_view("Job", job()), pods, rules, RecoveryPolicy(min_nodes=1))
+    assert first.decision is not None and first.decision.kind is DecisionKind.RESTART
+    again = assess(job_view("Job", job({"restarts": 1, "failures": [
+        {"category": "collective_timeout_hang", "rule": "job.no-progress", "hung_at_step": 30}]})),
+        pods, rules, RecoveryPolicy(min_nodes=1))
+    assert again.decision is not None and again.decision.kind is DecisionKind.FAIL
+    assert "hang recurred at step 30" in again.decision.reason
+
+
+def test_replaced_and_terminating_pods_are_not_judged_again() -> None:
+    rules = default_matcher().rules
+    xid = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=python, GPU has fallen off the bus."
+    pods = [pod_view(pod("p0", xid, "n0"))]
+    after = assess(job_view("Job", job({"restarts": 1, "replaced": ["uid-p0"]})), pods, rules, RecoveryPolicy())
+    assert not after.failed
