@@ -57,6 +57,8 @@ def test_giant_line_is_cut_and_evidence_truncated() -> None:
     assert Category.GPU_MEMORY_OOM in categories
     assert Category.GPU_HARDWARE in categories
     assert all(len(f.evidence.line) < 2200 for f in verdict.faults)
+    oom = next(f for f in verdict.faults if f.category is Category.GPU_MEMORY_OOM)
+    assert "CUDA out of memory" in oom.evidence.line  # the window is around the match, not the line's start
 
 
 def test_cri_format_lines_are_unwrapped() -> None:
@@ -76,3 +78,10 @@ def test_block_boundaries_never_split_a_line() -> None:
     blocks = list(read_blocks(io.BytesIO("\n".join(lines).encode()), block_bytes=4096))
     assert sum(block.count(b"\n") for block in blocks) == 49_999
     assert all(block.endswith(b"\n") for block in blocks[:-1])
+
+
+def test_evidence_of_a_long_line_is_the_window_around_the_match() -> None:
+    line = b"x" * 100_000 + b" torch.OutOfMemoryError: CUDA out of memory " + b"y" * 100_000 + b"\n"
+    fault = explain(line).faults[0]
+    assert "CUDA out of memory" in fault.evidence.line
+    assert len(fault.evidence.line) < 2200

@@ -70,7 +70,7 @@ class FaultCollector:
             return None
         evidence = Evidence(
             source=source.name,
-            line=evidence_text(line.text),
+            line=evidence_text(line.text, hit.rule.position(line.text)),
             line_number=hit.line_number,
             timestamp=line.timestamp,
             rank=line.rank if line.rank is not None else source.rank,

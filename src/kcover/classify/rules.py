@@ -95,6 +95,14 @@ class Rule:
             return Action.FAIL
         return Action.RESTART_EXCLUDING_NODES if spec.node_at_fault else Action.RESTART
 
+    def position(self, line: str) -> int | None:
+        """Where the first pattern matches in ``line`` (for evidence windows), or None."""
+        for regex in self.regexes:
+            found = regex.search(line)
+            if found:
+                return found.start()
+        return None
+
     def matches(self, line: str) -> bool:
         """True when a pattern matches ``line`` and no ``unless`` pattern does."""
         if not any(regex.search(line) for regex in self.regexes):
