@@ -91,7 +91,6 @@ class OutputPump:
         self.echo = echo
         self.selector = selectors.DefaultSelector()
         self.logs: dict[int, RankLog] = {}
-        self.bytes_read = 0
 
     def add(self, worker: Worker) -> None:
         source = SourceInfo(name=f"rank{worker.rank}", rank=worker.rank, node=worker.node)
@@ -120,7 +119,6 @@ class OutputPump:
             if not data:
                 self._finish(key.fd, stream, events)
                 continue
-            self.bytes_read += len(data)
             events.extend(self._feed(stream, stream.carry + data))
         return events
 

@@ -32,6 +32,7 @@ from kcover.launcher.hang import HangDetector
 from kcover.launcher.output import last_step
 
 POLL_SECONDS = 0.2
+SWEEP_SECONDS = 60.0
 log = logging.getLogger("kcover.agent")
 
 
@@ -49,7 +50,7 @@ class Agent:
         self.progress: dict[str, HangDetector] = {}
         self.hung: set[str] = set()
         self.node_faults = FaultCollector()
-        self.lines_read = 0
+        self.swept = time.monotonic()
 
     def run(self, stop: threading.Event) -> None:
         log.info("kcover agent on node %s: logs %s", self.node, self.log_root)
@@ -85,6 +86,10 @@ class Agent:
                 read_any = True
                 new += self._kernel(clean_block(kernel_block), pods)
         self.reporter.flush()
+        if time.monotonic() - self.swept > SWEEP_SECONDS:  # logs of pods that are gone
+            self.swept = time.monotonic()
+            self.tailer.forget_missing()
+            read_any = True
         if read_any:
             self.tailer.save()
         return new
@@ -92,7 +97,6 @@ class Agent:
     def _scan(self, pod: PodInfo, block: bytes, first: int, container: str) -> int:
         collector = self.collectors.setdefault(pod.uid, FaultCollector())
         source = SourceInfo(name=f"{pod.name}/{container}", rank=pod.rank, node=self.node)
-        self.lines_read += block.count(b"\n")
         new = 0
         for hit in self.matcher.scan_block(block, first):
             fault = collector.add_hit(source, hit)

@@ -10,6 +10,7 @@ condition ``KcoverHealthy=False``.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import re
@@ -81,7 +82,6 @@ class Reporter:
         self.core = client.CoreV1Api(api)
         self.node = node
         self.pods: dict[str, PodRecord] = {}
-        self.events_sent = 0
 
     def record_for(self, pod: PodInfo) -> PodRecord:
         record = self.pods.get(pod.uid)
@@ -117,11 +117,9 @@ class Reporter:
             first_timestamp=now, last_timestamp=now, event_time=now.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
             action="Classified", count=1,
         )
-        try:
+        # an Event is best-effort; the durable record (flush) is what the operator reads
+        with contextlib.suppress(ApiException):
             self.core.create_namespaced_event(pod.namespace, event)
-            self.events_sent += 1
-        except ApiException:
-            pass  # an Event is best-effort; the durable record below is what the operator reads
 
     def counted(self, pod: PodInfo, fault: Fault) -> None:
         self.record_for(pod).merge(fault)

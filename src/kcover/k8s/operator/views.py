@@ -35,7 +35,6 @@ class PodView:
     node: str | None
     phase: str
     reason: str
-    created: str
     deleting: bool
     job: tuple[str, str] | None
     rank: int | None
@@ -86,7 +85,7 @@ def pod_view(body: Mapping[str, Any], remediation: dict[str, str] | None = None)
     return PodView(
         uid=meta.get("uid", ""), namespace=meta.get("namespace", ""), name=meta.get("name", ""),
         node=spec.get("nodeName"), phase=status.get("phase", ""), reason=status.get("reason") or "",
-        created=meta.get("creationTimestamp") or "", deleting=bool(meta.get("deletionTimestamp")),
+        deleting=bool(meta.get("deletionTimestamp")),
         job=(owner[0].kind, owner[1]) if owner else None,
         rank=int(rank_text) if rank_text and rank_text.isdigit() else None,
         terminations=tuple(terminations), faults=tuple(wire.decode(annotations.get(POD_FAULTS), remediation)),
