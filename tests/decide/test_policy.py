@@ -52,6 +52,15 @@ def test_without_spares_the_job_shrinks_only_when_allowed() -> None:
     assert elastic.nodes == ("node-0",)
 
 
+def test_min_nodes_zero_leaves_placement_to_the_scheduler() -> None:
+    """The operator's policy: the job's only node is bad, the scheduler will place the pods elsewhere."""
+    only = AttemptEnd(verdict_on(XID), ("node-1",))
+    assert decide(RecoveryPolicy(min_nodes=1), RecoveryState(), only)[0].kind is DecisionKind.FAIL
+    placed, state = decide(RecoveryPolicy(min_nodes=0), RecoveryState(), only)
+    assert placed.kind is DecisionKind.RESTART
+    assert (placed.nodes, placed.excluded, state.excluded) == ((), ("node-1",), ("node-1",))
+
+
 def test_exclusion_can_be_switched_off() -> None:
     decision, _ = decide(RecoveryPolicy(exclude_nodes=False), RecoveryState(), AttemptEnd(verdict_on(XID), NODES))
     assert decision.kind is DecisionKind.RESTART

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +35,13 @@ def scrape(port: int) -> str:
         return ""
 
 
+def kcover_status(cluster: TestCluster, *flags: str) -> Any:
+    done = subprocess.run([sys.executable, "-m", "kcover", "status", "--kubeconfig", str(cluster.kubeconfig),
+                           *flags], capture_output=True, text=True, timeout=60, check=True,
+                          env={**os.environ, "COLUMNS": "250"})
+    return json.loads(done.stdout) if flags else done.stdout
+
+
 def condition(core: client.CoreV1Api, node: str) -> str | None:
     for item in core.read_node(node).status.conditions or []:
         if item.type == "KcoverHealthy":
@@ -56,6 +67,12 @@ def test_failed_check_quarantines_and_passing_runs_release(
     taints = [t.key for t in core.read_node(node).spec.taints or []]
     assert "kcover.io/quarantine" in taints
     assert not any(core.read_node(n).spec.unschedulable for n in gpu_nodes[1:])
+    shown = kcover_status(test_cluster, "--json")
+    assert shown["node_health"][node]["status"] == "fail"
+    assert [(c["name"], c["status"]) for c in shown["node_health"][node]["checks"]] == [("storage.free", "fail")]
+    assert node in shown["quarantined_nodes"]
+    table = kcover_status(test_cluster)
+    assert f"{node}" in table and "storage.free fail:" in table and "(quarantined)" in table
     first.send_signal(signal.SIGTERM)
     first.wait(timeout=10)
     passing = tmp_path / "passing.yaml"

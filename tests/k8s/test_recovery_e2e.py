@@ -32,16 +32,23 @@ def pod_states(core: client.CoreV1Api, namespace: str, job: str) -> list[tuple[s
 
 
 def start_kcover(cluster: TestCluster, processes: Processes, nodes: list[str], tmp_path: Path, namespace: str,
-                 kubeconfig: Path | None = None, agent_kubeconfig: Path | None = None) -> None:
+                 kubeconfig: Path | None = None, agent_kubeconfig: Path | None = None, identity: str = "op-a") -> None:
     config = str(kubeconfig or cluster.kubeconfig)
     processes.start(["operator", "--kubeconfig", config, "--namespace", namespace, "--lease-seconds", "3",
-                     "--identity", "op-a"], tmp_path / "operator.log")
+                     "--identity", identity], tmp_path / f"operator-{identity}.log")
     config = str(agent_kubeconfig or kubeconfig or cluster.kubeconfig)
     for node in nodes:
         (tmp_path / f"{node}.kmsg").touch()
         processes.start(["agent", "--node", node, "--log-root", str(cluster.log_root), "--kmsg",
                          str(tmp_path / f"{node}.kmsg"), "--state-dir", str(tmp_path / "agent"),
                          "--kubeconfig", config, "--health-interval", "0"], tmp_path / f"agent-{node}.log")
+
+
+def leader(coordination: client.CoordinationV1Api, namespace: str) -> str | None:
+    try:
+        return str(coordination.read_namespaced_lease("kcover-operator", namespace).spec.holder_identity)
+    except client.exceptions.ApiException:
+        return None
 
 
 def recovery(batch: client.BatchV1Api, namespace: str, name: str) -> dict[str, Any]:
@@ -138,32 +145,41 @@ def test_job_without_the_label_is_never_touched(
     assert not any(e.reason.startswith("Kcover") for e in core.list_namespaced_event(test_namespace).items)
 
 
-def test_a_new_leader_finishes_a_half_done_restart_exactly_once(
+def test_an_operator_killed_right_after_claiming_is_finished_by_the_next_leader_exactly_once(
         test_cluster: TestCluster, k8s_api: Any, test_namespace: str, gpu_nodes: list[str],
         kcover_processes: Processes, tmp_path: Path) -> None:
+    """op-a dies (a real process exit) between the claim and everything else; op-b keeps the evidence,
+    quarantines, restarts, once."""
     core, batch = client.CoreV1Api(k8s_api), client.BatchV1Api(k8s_api)
     batch.create_namespaced_job(test_namespace, indexed_job("resume", test_namespace, 4))
     pods = wait_until(lambda: (p := job_pods(core, test_namespace, "resume")) and len(p) == 4 and p, 30, "4 pods")
-    claimed = {"restarts": 1, "failures": [{"category": "gpu_hardware", "rule": "xid.79.fallen-off-bus"}],
-               "excluded": [], "attempt": 2, "phase": "restarting", "restarted_at": "2024-01-01T00:00:00Z",
-               "not_before": "2024-01-01T00:00:00Z", "replaced": [p.metadata.uid for p in pods],
-               "last": {"category": "gpu_hardware", "rule": "xid.79.fallen-off-bus", "nodes": []}}
-    # what an operator that died right after claiming the restart leaves behind:
-    batch.patch_namespaced_job("resume", test_namespace, {"metadata": {"annotations": {
-        "kcover.io/recovery": json.dumps(claimed), "kcover.io/state": "restarting"}}})
-    start_kcover(test_cluster, kcover_processes, [], tmp_path, test_namespace)
-    kcover_processes.start(["operator", "--kubeconfig", str(test_cluster.kubeconfig), "--namespace",
-                            test_namespace, "--lease-seconds", "3", "--identity", "op-b"], tmp_path / "op-b.log")
+    config = str(test_cluster.kubeconfig)
+    doomed = kcover_processes.start(["operator", "--kubeconfig", config, "--namespace", test_namespace,
+                                     "--lease-seconds", "3", "--identity", "op-a"], tmp_path / "op-a.log",
+                                    env={"KCOVER_OPERATOR_FAILPOINT": "after-claim"})
+    coordination = client.CoordinationV1Api(k8s_api)
+    wait_until(lambda: leader(coordination, test_namespace) == "op-a", 30, "op-a to lead")
+    start_kcover(test_cluster, kcover_processes, gpu_nodes, tmp_path, test_namespace, identity="op-b")
+    bad = pods[1]
+    for rank, pod in enumerate(pods):
+        line = XID if pod.metadata.uid == bad.metadata.uid else REMOTE.format(r=rank)
+        test_cluster.write_container_log(test_namespace, pod.metadata.name, "trainer", [line])
+    wait_until(lambda: doomed.poll() is not None, 30, "op-a to die at the failpoint")
+    assert doomed.returncode == 86
+    assert recovery(batch, test_namespace, "resume")["phase"] == "restarting"
     wait_until(lambda: recovery(batch, test_namespace, "resume").get("phase") == "running", 30, "restart finished")
     old = {p.metadata.uid for p in pods}
     wait_until(lambda: (p := job_pods(core, test_namespace, "resume")) and len(p) == 4
                and not {x.metadata.uid for x in p} & old, 30, "4 new pods")
     state = recovery(batch, test_namespace, "resume")
-    assert state["restarts"] == 1
-    assert state["attempt"] == 2
-    deletions = [p for p in job_pods(core, test_namespace, "resume", running_only=False)
-                 if p.metadata.uid not in old]
-    assert len(deletions) == 4
+    assert (state["restarts"], state["attempt"]) == (1, 2)
+    assert leader(coordination, test_namespace) == "op-b"
+    events = core.list_namespaced_event(test_namespace).items
+    assert len([e for e in events if e.reason == "KcoverRestart"]) == 1
+    assert len([e for e in events if e.reason == "KcoverQuarantine"]) == 1
+    assert [n for n in gpu_nodes if core.read_node(n).spec.unschedulable] == [bad.spec.node_name]
+    evidence = core.list_namespaced_config_map(test_namespace, label_selector="kcover.io/evidence-for=resume").items
+    assert len(evidence) == 1 and XID in "".join(evidence[0].data.values())
 
 
 def test_pods_that_stop_making_progress_are_restarted_as_a_hang(

@@ -29,7 +29,7 @@ def run(
     nproc_per_node: Annotated[int, typer.Option(help="Worker processes per node.")] = 1,
     nnodes: Annotated[int, typer.Option(help="Nodes to simulate on this machine (named node-0 …).")] = 1,
     spare_nodes: Annotated[int, typer.Option(help="Standby nodes that replace an excluded one.")] = 0,
-    min_nodes: Annotated[int | None, typer.Option(help="Allow shrinking to this many nodes when none is spare.")]
+    min_nodes: Annotated[int | None, typer.Option(min=1, help="Allow shrinking to this many nodes when none is spare.")]
     = None,
     max_restarts: Annotated[int, typer.Option(help="Retry budget.")] = 3,
     user_code_retries: Annotated[int, typer.Option(help="Retries for deterministic user errors.")] = 1,

@@ -15,6 +15,9 @@ The rules, in order:
 3. A hang at the same step as an earlier hang is deterministic: fail.
 4. When the verdict blames nodes, they are excluded; each is replaced by a
    spare, or the job shrinks if ``min_nodes`` allows, or the job fails.
+   ``min_nodes=0`` leaves placement to a scheduler (the operator's default:
+   on Kubernetes the excluded node is quarantined and the scheduler places the
+   new pods on any other node; pods that cannot be placed stay Pending, visibly).
 5. Otherwise restart: the first restart at once, then after
    ``backoff_initial × backoff_factor^(restarts - 1)`` seconds (capped at ``backoff_max``).
 """
@@ -119,8 +122,8 @@ def decide(policy: RecoveryPolicy, state: RecoveryState, end: AttemptEnd) -> tup
                 nodes[nodes.index(bad)] = spares.pop(0)
             else:
                 nodes.remove(bad)
-        floor = policy.min_nodes if policy.min_nodes is not None else len(end.nodes)
-        if len(nodes) < max(floor, 1):
+        floor = policy.min_nodes if policy.min_nodes is not None else max(len(end.nodes), 1)
+        if len(nodes) < floor:
             return fail(f"no healthy node left to replace {', '.join(newly)} (need {floor}); {what}")
     delay = backoff(policy, state.restarts)
     reason = f"restart {state.restarts + 1}/{policy.max_restarts} in {delay:g}s: {what}"

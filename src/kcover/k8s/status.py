@@ -1,8 +1,9 @@
 """``kcover status``: what kcover is doing on this cluster, read back from the API.
 
 Everything comes from the records kcover keeps on the objects themselves (the
-job's ``kcover.io/recovery`` annotation, the nodes' ``kcover.io/quarantined``),
-so any replica, or a person with read access, sees the same.
+job's ``kcover.io/recovery`` annotation, the nodes' ``kcover.io/quarantined``
+and ``kcover.io/health``, the agent's last health run), so any replica, or a
+person with read access, sees the same.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kcover.health.quarantine.kube import KubeQuarantine
-from kcover.health.quarantine.policy import ANNOTATION_QUARANTINED, ANNOTATION_SINCE
+from kcover.health.quarantine.policy import ANNOTATION_HEALTH, ANNOTATION_QUARANTINED, ANNOTATION_SINCE
 from kcover.k8s.kinds import BATCH_JOB, KINDS
 from kcover.k8s.names import OPT_IN_LABEL, OPT_IN_VALUE, RECOVERY, STATE
 
@@ -53,11 +54,20 @@ def _jobs(api: client.ApiClient) -> list[dict[str, Any]]:
     return found
 
 
+def _health(annotations: dict[str, str]) -> dict[str, Any] | None:
+    try:
+        record = json.loads(annotations[ANNOTATION_HEALTH])
+    except (KeyError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
 def collect_status(api: client.ApiClient) -> dict[str, Any]:
     nodes = KubeQuarantine(client.CoreV1Api(api)).nodes()
     quarantined = {n.name: {"reason": n.annotations.get(ANNOTATION_QUARANTINED),
                             "since": n.annotations.get(ANNOTATION_SINCE)} for n in nodes if n.quarantined_by_kcover}
-    return {"jobs": _jobs(api), "quarantined_nodes": quarantined}
+    health = {n.name: record for n in nodes if (record := _health(n.annotations)) is not None}
+    return {"jobs": _jobs(api), "quarantined_nodes": quarantined, "node_health": health}
 
 
 def print_status(report: dict[str, Any]) -> None:
@@ -75,3 +85,21 @@ def print_status(report: dict[str, Any]) -> None:
         console.print("quarantined by kcover: " + ", ".join(f"{n} ({r.get('reason')})" for n, r in nodes.items()))
     else:
         console.print("no node quarantined by kcover")
+    _print_health(console, report.get("node_health", {}), nodes)
+
+
+def _print_health(console: Console, health: dict[str, dict[str, Any]], quarantined: dict[str, Any]) -> None:
+    """One row per node the agents checked: the last run's time, status, and every check not passing."""
+    if not health:
+        return
+    table = Table(title="node health (last run of the agent's checks)", title_justify="left", box=None,
+                  header_style="bold")
+    for column in ("node", "checked at", "status", "checks", "not passing"):
+        table.add_column(column, overflow="fold")
+    for node, record in sorted(health.items()):
+        checks = [c for c in record.get("checks", []) if isinstance(c, dict)]
+        bad = [f"{c.get('name')} {c.get('status')}: {c.get('reason')}" for c in checks
+               if c.get("status") not in ("pass", "skipped")]
+        status = str(record.get("status", "?")) + (" (quarantined)" if node in quarantined else "")
+        table.add_row(node, str(record.get("at", "")), status, str(len(checks)), "; ".join(bad))
+    console.print(table)

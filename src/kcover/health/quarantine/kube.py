@@ -16,6 +16,7 @@ health results and by the operator for fault-driven quarantine.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -23,6 +24,7 @@ from typing import Any
 
 from kcover.health.model import HealthReport
 from kcover.health.quarantine.policy import (
+    ANNOTATION_HEALTH,
     ANNOTATION_PASSES,
     ANNOTATION_QUARANTINED,
     ANNOTATION_SINCE,
@@ -194,10 +196,19 @@ class KubeQuarantine:
             name, {"status": {"conditions": [condition]}}, _content_type="application/strategic-merge-patch+json"
         )
 
+    def record_report(self, name: str, report: HealthReport) -> None:
+        """Keep the run's every result on the node (annotation ``kcover.io/health``), for ``kcover status``."""
+        checks = [{"name": r.name, "status": str(r.status), "value": r.value, "unit": r.unit,
+                   "reason": r.reason[:200]} for r in report.checks]
+        record = {"at": _rfc3339(self.clock()), "status": str(report.status), "checks": checks}
+        body = {"metadata": {"annotations": {ANNOTATION_HEALTH: json.dumps(record, separators=(",", ":"))}}}
+        self.core.patch_node(name, body, _content_type="application/merge-patch+json")
+
     # --- the agent's entry point ---------------------------------------------------------------
 
     def observe(self, name: str, report: HealthReport) -> Decision:
-        """Apply one health run of node ``name``: condition, then quarantine / count / release per policy."""
+        """Apply one health run of node ``name``: record, condition, then quarantine / count / release per policy."""
+        self.record_report(name, report)
         failed = report.failed
         problem = "; ".join(f"{r.name}: {r.reason}" for r in failed)
         self.set_condition(

@@ -26,6 +26,7 @@ from enum import StrEnum
 ANNOTATION_QUARANTINED = "kcover.io/quarantined"  # value: the reason; presence = kcover did it
 ANNOTATION_SINCE = "kcover.io/quarantined-at"  # RFC 3339, for the circuit breaker
 ANNOTATION_PASSES = "kcover.io/health-passes"  # consecutive passing runs while quarantined
+ANNOTATION_HEALTH = "kcover.io/health"  # JSON: the agent's last health run, every check (``kcover status``)
 TAINT_KEY = "kcover.io/quarantine"
 CONDITION_TYPE = "KcoverHealthy"
 

@@ -14,12 +14,17 @@ finish it exactly once:
 4. **stop the pods** listed in the claim, so SIGTERM lets workers write an
    emergency checkpoint: a Job or JobSet is suspended (its controller stops
    them, see :mod:`kcover.k8s.kinds`), a PyTorchJob's pods are deleted with a
-   grace period;
+   grace period, and a batch Job whose pods failed is replaced by a new Job
+   (``method: recreate``, see :mod:`kcover.k8s.operator.recreate`);
 5. **done** — ``phase: running`` (a suspended job is resumed, and its
    controller starts fresh pods).
 
-Steps 2–5 are idempotent; :func:`resume` replays them for a job found in
-``restarting``.  Failing a job fast suspends it and says why in one line.
+The claim records what steps 2–5 need (pods to replace, failing pods, nodes
+to exclude), and those steps are idempotent, so the operator's ``_resume``
+replays them for a job found in ``restarting``: a new leader keeps the evidence
+and quarantines even when the old one died right after claiming.
+
+Failing a job fast suspends it and says why in one line, in the same patch.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from kubernetes.client.exceptions import ApiException
 from kcover.faults import Verdict
 from kcover.health.quarantine.kube import KubeQuarantine
 from kcover.k8s.names import EVIDENCE_LABEL, FIELD_MANAGER, REASON, RECOVERY, STATE
+from kcover.k8s.operator.recreate import Recreator
 from kcover.k8s.operator.views import JobView, PodView, utc_now
 from kcover.report import verdict_to_dict
 
@@ -53,6 +59,7 @@ class Actuator:
         self.custom = client.CustomObjectsApi(api)
         self.batch = client.BatchV1Api(api)
         self.quarantine = quarantine
+        self.recreator = Recreator(api)
 
     # -- job annotations -------------------------------------------------------------------------
     def patch_job(self, job: JobView, patch: dict[str, Any], conditional: bool = False) -> None:
@@ -87,18 +94,21 @@ class Actuator:
 
     # -- restart ---------------------------------------------------------------------------------
     def claim_restart(self, job: JobView, state: dict[str, Any], verdict: Verdict, reason: str,
-                      not_before: str, pods: Sequence[PodView]) -> dict[str, Any]:
+                      not_before: str, pods: Sequence[PodView], failing: Sequence[str],
+                      exclude: Sequence[str], method: str) -> dict[str, Any]:
+        """Step 1: record everything the later steps need, so that any replica can replay them."""
         attempt = int(job.recovery().get("attempt", 1)) + 1
         recovery = {**state, "attempt": attempt, "phase": "restarting", "restarted_at": utc_now(),
-                    "not_before": not_before, "replaced": [p.uid for p in pods],
+                    "not_before": not_before, "replaced": [p.uid for p in pods], "failing": list(failing),
+                    "exclude": list(exclude), "method": method,
                     "last": {**verdict_to_dict(verdict), "decision": reason}}
         patch = {"metadata": {"annotations": {RECOVERY: json.dumps(recovery), STATE: "restarting",
                                               REASON: reason[:500]}}}
         self.patch_job(job, patch, conditional=True)
         return recovery
 
-    def keep_evidence(self, job: JobView, recovery: dict[str, Any], pods: Sequence[PodView],
-                      failing: Sequence[str]) -> None:
+    def keep_evidence(self, job: JobView, recovery: dict[str, Any], pods: Sequence[PodView]) -> None:
+        failing = set(recovery.get("failing", []))
         name = f"kcover-evidence-{job.name}-{recovery['attempt'] - 1}"[:253]
         data = {"verdict.json": json.dumps(recovery.get("last", {}), indent=2)}
         for pod in pods:
@@ -157,9 +167,11 @@ class Actuator:
                                                                             "decision": reason}}
         patch: dict[str, Any] = {"metadata": {"annotations": {RECOVERY: json.dumps(recovery), STATE: "failed",
                                                               REASON: reason[:500]}}}
-        self.patch_job(job, patch, conditional=True)
-        try:
-            self.patch_job(job, job.kind.suspend_patch())
+        try:  # one patch: whoever sees phase "failed" also sees the job suspended
+            self.patch_job(job, {**job.kind.suspend_patch(), **patch}, conditional=True)
         except ApiException as error:
+            if error.status != 422:
+                raise
             log.warning("could not suspend %s/%s: %s", job.namespace, job.name, error.reason)
+            self.patch_job(job, patch, conditional=True)
         self.event(job, "KcoverFailed", f"kcover stopped recovering this job: {reason}", warning=True)

@@ -26,17 +26,20 @@ from kcover.decide.policy import DecisionKind
 from kcover.explain import default_matcher
 from kcover.health.quarantine.kube import KubeQuarantine
 from kcover.health.quarantine.policy import QuarantinePolicy, Verdict
-from kcover.k8s.kinds import KINDS
+from kcover.k8s.kinds import BATCH_JOB, KINDS
 from kcover.k8s.operator import metrics
 from kcover.k8s.operator.actuate import Actuator, Conflict
 from kcover.k8s.operator.assess import Assessment, assess, state_to
 from kcover.k8s.operator.leader import LeaderElection
 from kcover.k8s.operator.policy import GROUP, PLURAL, VERSION, JobPolicy, from_resource, with_annotations
+from kcover.k8s.operator.recreate import controlled
 from kcover.k8s.operator.views import JobView, PodView, job_view, pod_view, utc_now
 
 log = logging.getLogger("kcover.operator")
 SETTLE_SECONDS = 0.3
 TICK_SECONDS = 0.1
+RECREATE_POLL = 0.5  # while a replaced Job waits to be created again
+RECREATE_SWEEP = 10.0  # otherwise (a leader that died may have left one)
 
 
 @dataclass
@@ -55,6 +58,8 @@ class World:
     jobs: dict[tuple[str, str, str], JobView] = field(default_factory=dict)
     dirty: dict[tuple[str, str, str], float] = field(default_factory=dict)
     warned: set[tuple[tuple[str, str, str], str]] = field(default_factory=set)
+    prepared: set[tuple[tuple[str, str, str], int]] = field(default_factory=set)
+    recreating: bool = True  # a Job may wait to be created again (set at start: a crash may have left one)
 
     def pods_of(self, job: JobView) -> list[PodView]:
         return [p for p in self.pods.values() if p.namespace == job.namespace and p.job == (job.kind.kind, job.name)]
@@ -128,12 +133,18 @@ async def _evaluate_forever() -> None:
     api = client.ApiClient()
     actuator = Actuator(api, KubeQuarantine(client.CoreV1Api(api)))
     leader = LeaderElection(api, CONFIG.namespace, CONFIG.identity, duration=CONFIG.lease_seconds)
-    renewed = 0.0
+    renewed = swept = 0.0
     while True:
         now = time.monotonic()
         if now - renewed >= CONFIG.lease_seconds / 3 or not leader.leader:
             await asyncio.to_thread(leader.tick)
             renewed = now
+        if leader.leader and now - swept >= (RECREATE_POLL if WORLD.recreating else RECREATE_SWEEP):
+            swept = now
+            try:
+                await asyncio.to_thread(_finish_recreations, actuator)
+            except Exception:
+                log.exception("creating replaced Jobs again failed")
         if leader.leader:
             due = [key for key, since in WORLD.dirty.items() if now - since >= SETTLE_SECONDS]
             for key in due:
@@ -198,30 +209,50 @@ def _act(actuator: Actuator, job: JobView, assessment: Assessment, policy: JobPo
         metrics.FAILED.labels(root.category.value if root else "unknown").inc()
         return False
     not_before = (dt.datetime.now(dt.UTC) + dt.timedelta(seconds=decision.delay)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    exclude = decision.excluded if policy.quarantine else ()
+    crashed = any(p.phase == "Failed" and p.name in assessment.failing_pods for p in WORLD.pods_of(job))
+    method = "recreate" if job.kind is BATCH_JOB and crashed else "native"
     recovery = actuator.claim_restart(job, state_to(state), verdict, decision.reason, not_before,
-                                      WORLD.pods_of(job))
-    actuator.event(job, "KcoverRestart", f"restarting: {decision.reason}", warning=True)
-    actuator.keep_evidence(job, recovery, WORLD.pods_of(job), assessment.failing_pods)
-    if decision.excluded and policy.quarantine:
+                                      WORLD.pods_of(job), assessment.failing_pods, exclude, method)
+    failpoint("after-claim")
+    return _resume(actuator, job, recovery, policy, started=time.monotonic())
+
+
+def _prepare(actuator: Actuator, job: JobView, recovery: dict[str, Any], policy: JobPolicy) -> None:
+    """Saga steps 2–3, once per attempt in this process (a new leader replays them; both are idempotent)."""
+    attempt = (job.key, int(recovery.get("attempt", 0)))
+    if attempt in WORLD.prepared:
+        return
+    last = recovery.get("last", {})
+    actuator.event(job, "KcoverRestart", f"restarting: {last.get('decision', '')}", warning=True)
+    actuator.keep_evidence(job, recovery, WORLD.pods_of(job))
+    exclude = recovery.get("exclude", [])
+    if exclude:
         actuator.quarantine.policy = QuarantinePolicy(max_share=policy.quarantine_max_share)
-        for node in decision.excluded:
-            result = actuator.quarantine.quarantine(node, root.rule if root else "fault")
-            done = result.verdict in (Verdict.QUARANTINE, Verdict.KEEP)
+        for node in exclude:
+            result = actuator.quarantine.quarantine(node, last.get("rule") or "fault")
+            if result.verdict is Verdict.KEEP:
+                continue  # already quarantined (by this restart, before a crash, or by another)
+            done = result.verdict is Verdict.QUARANTINE
             if result.verdict is Verdict.REFUSED_BREAKER:
                 metrics.BREAKER.inc()
             actuator.event(job, "KcoverQuarantine" if done else "KcoverQuarantineRefused",
                            f"node {node}: {result.reason}", warning=not done)
         metrics.QUARANTINED.set(sum(n.quarantined_by_kcover for n in actuator.quarantine.nodes()))
-    return _resume(actuator, job, recovery, policy, started=time.monotonic())
+    WORLD.prepared.add(attempt)
 
 
 def _resume(actuator: Actuator, job: JobView, recovery: dict[str, Any], policy: JobPolicy,
             started: float | None = None) -> bool:
-    """Finish a claimed restart (idempotent): wait out the backoff, delete old pods, mark running."""
+    """Finish a claimed restart (idempotent): evidence, quarantine, wait out the backoff, stop old pods."""
+    if recovery.get("step") != "suspended":
+        _prepare(actuator, job, recovery, policy)
     if recovery.get("not_before", "") > utc_now():
         return True
     pods = WORLD.pods_of(job)
     replaced = set(recovery.get("replaced", []))
+    if recovery.get("method") == "recreate" and _recreate(actuator, job, recovery, started):
+        return False
     if job.kind.restart_by_suspend:
         if recovery.get("step") != "suspended":
             actuator.suspend_for_restart(job, recovery)
@@ -238,6 +269,41 @@ def _resume(actuator: Actuator, job: JobView, recovery: dict[str, Any], policy: 
     log.info("%s %s/%s: restart %s done, %d pods deleted", job.kind.kind, job.namespace, job.name,
              recovery.get("attempt"), deleted)
     return False
+
+
+def failpoint(name: str) -> None:
+    """Die here, as a crash would, when ``KCOVER_OPERATOR_FAILPOINT`` names this point (for crash tests)."""
+    if os.environ.get("KCOVER_OPERATOR_FAILPOINT") == name:
+        log.warning("failpoint %s: exiting", name)
+        os._exit(86)
+
+
+def _recreate(actuator: Actuator, job: JobView, recovery: dict[str, Any], started: float | None) -> bool:
+    """Replace a batch Job whose pods failed (see :mod:`kcover.k8s.operator.recreate`); False: restart natively."""
+    body = actuator.recreator.read(job.namespace, job.name)
+    if body is None or body["metadata"].get("deletionTimestamp"):
+        return True  # on its way out: the pending loop creates it again
+    if controlled(body):
+        key = (job.key, "controlled")
+        if key not in WORLD.warned:
+            WORLD.warned.add(key)
+            actuator.event(job, "KcoverSlowRestart", "this Job has a controller of its own, so kcover resumes it "
+                           "instead of replacing it: the Job controller delays new pods after failures", warning=True)
+        return False
+    actuator.recreator.save_and_delete(body, recovery)
+    WORLD.recreating = True
+    if started is not None:
+        metrics.REACTION.observe(time.monotonic() - started)
+    log.info("Job %s/%s: restart %s by replacing the Job (its pods failed)", job.namespace, job.name,
+             recovery.get("attempt"))
+    return True
+
+
+def _finish_recreations(actuator: Actuator) -> None:
+    for namespace, name in actuator.recreator.finish_pending():
+        metrics.RESTARTS.labels(BATCH_JOB.kind).inc()
+        log.info("Job %s/%s: restart done, the Job was created again", namespace, name)
+    WORLD.recreating = False
 
 
 def run(config: Config) -> None:

@@ -22,7 +22,8 @@ GROUP, VERSION, PLURAL = "kcover.io", "v1alpha1", "recoverypolicies"
 
 @dataclass(frozen=True)
 class JobPolicy:
-    recovery: RecoveryPolicy = field(default_factory=lambda: RecoveryPolicy(min_nodes=1))
+    # the scheduler places the new pods: kcover quarantines the bad node, it does not count the good ones
+    recovery: RecoveryPolicy = field(default_factory=lambda: RecoveryPolicy(min_nodes=0))
     grace_period: int = 30
     quarantine_max_share: float = 0.1
     quarantine: bool = True

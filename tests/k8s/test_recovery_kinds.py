@@ -1,0 +1,119 @@
+"""Restarts of each job kind on the real control plane, with the kind's real controller.
+
+A batch Job whose pods crashed (Failed, as NCCL errors end them), a JobSet
+(jobset controller) and a Kubeflow PyTorchJob (training-operator): an Xid 79 in
+one rank's log, NCCL errors in the others' → every pod replaced by a fresh
+one, only the Xid's node quarantined, the job running again.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+from tests.k8s.conftest import Processes, indexed_job, wait_until
+from tests.k8s.test_recovery_e2e import REMOTE, XID, start_kcover
+
+from kcover.testing import TestCluster
+
+CONTAINER = {"name": "trainer", "image": "trainer:v1", "resources": {"limits": {"nvidia.com/gpu": "2"}}}
+
+
+def pods_of(core: client.CoreV1Api, namespace: str, selector: str) -> list[Any]:
+    return [p for p in core.list_namespaced_pod(namespace, label_selector=selector).items
+            if p.status.phase == "Running" and not p.metadata.deletion_timestamp]
+
+
+def custom_recovery(custom: client.CustomObjectsApi, plural: str, namespace: str, name: str) -> dict[str, Any]:
+    group, version = {"jobsets": ("jobset.x-k8s.io", "v1alpha2"), "pytorchjobs": ("kubeflow.org", "v1")}[plural]
+    body = custom.get_namespaced_custom_object(group, version, namespace, plural, name)
+    return dict(json.loads(body["metadata"].get("annotations", {}).get("kcover.io/recovery", "{}")))
+
+
+def recover_from_an_xid(cluster: TestCluster, api: Any, namespace: str, nodes: list[str], processes: Processes,
+                        tmp_path: Path, selector: str, count: int, state: Callable[[], dict[str, Any]],
+                        crash: bool = False) -> None:
+    """Write the incident into the pods' logs (and crash them), then check the restart and the quarantine."""
+    core = client.CoreV1Api(api)
+    pods = wait_until(lambda: (p := pods_of(core, namespace, selector)) and len(p) == count and p, 60,
+                      f"{count} pods Running")
+    start_kcover(cluster, processes, nodes, tmp_path, namespace)
+    bad = pods[-1]
+    for rank, pod in enumerate(pods):
+        container = pod.spec.containers[0].name
+        line = XID if pod.metadata.uid == bad.metadata.uid else REMOTE.format(r=rank)
+        cluster.write_container_log(namespace, pod.metadata.name, container, ["step 7 loss 1.9", line])
+    if crash:
+        for pod in pods:
+            cluster.fail_pod(namespace, pod.metadata.name, exit_code=1, wait=False)
+    old = {p.metadata.uid for p in pods}
+    wait_until(lambda: state().get("phase") == "running", 60, lambda: f"restart done; recovery {state()}")
+    renewed = wait_until(lambda: (p := pods_of(core, namespace, selector)) and len(p) == count
+                         and not {x.metadata.uid for x in p} & old and p, 60,
+                         lambda: f"{count} new pods Running; have "
+                                 f"{[(p.metadata.name, p.status.phase) for p in pods_of(core, namespace, selector)]}")
+    recovery = state()
+    assert (recovery["restarts"], recovery["last"]["category"]) == (1, "gpu_hardware")
+    assert recovery["last"]["nodes"] == [bad.spec.node_name]
+    assert all(p.spec.node_name != bad.spec.node_name for p in renewed)
+    assert [n for n in nodes if core.read_node(n).spec.unschedulable] == [bad.spec.node_name]
+
+
+def test_a_batch_job_whose_pods_crashed_is_restarted(
+        test_cluster: TestCluster, k8s_api: Any, test_namespace: str, gpu_nodes: list[str],
+        kcover_processes: Processes, tmp_path: Path) -> None:
+    batch = client.BatchV1Api(k8s_api)
+    batch.create_namespaced_job(test_namespace, indexed_job("crashed", test_namespace, 4))
+
+    def state() -> dict[str, Any]:
+        try:
+            job = batch.read_namespaced_job("crashed", test_namespace)
+        except client.exceptions.ApiException as error:
+            assert error.status == 404  # between the old Job and its replacement
+            return {}
+        return dict(json.loads((job.metadata.annotations or {}).get("kcover.io/recovery", "{}")))
+
+    recover_from_an_xid(test_cluster, k8s_api, test_namespace, gpu_nodes, kcover_processes, tmp_path,
+                        "batch.kubernetes.io/job-name=crashed", 4, state, crash=True)
+
+
+def test_a_jobset_is_restarted_through_its_controller(
+        jobset_controller: TestCluster, k8s_api: Any, test_namespace: str, gpu_nodes: list[str],
+        kcover_processes: Processes, tmp_path: Path) -> None:
+    custom = client.CustomObjectsApi(k8s_api)
+    pod_spec = {"restartPolicy": "Never", "nodeSelector": {"kcover-test": test_namespace}, "containers": [CONTAINER]}
+    jobset = {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+        "metadata": {"name": "js", "labels": {"kcover.io/cascading-recovery": "true"}},
+        "spec": {"replicatedJobs": [{"name": "workers", "replicas": 2, "template": {"spec": {
+            "parallelism": 2, "completions": 2, "completionMode": "Indexed", "backoffLimit": 0,
+            "template": {"spec": pod_spec}}}}]},
+    }
+    custom.create_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", test_namespace, "jobsets", jobset)
+    recover_from_an_xid(jobset_controller, k8s_api, test_namespace, gpu_nodes, kcover_processes, tmp_path,
+                        "jobset.sigs.k8s.io/jobset-name=js", 4,
+                        lambda: custom_recovery(custom, "jobsets", test_namespace, "js"))
+
+
+def test_a_pytorchjob_is_restarted_through_the_training_operator(
+        training_operator: TestCluster, k8s_api: Any, test_namespace: str, gpu_nodes: list[str],
+        kcover_processes: Processes, tmp_path: Path) -> None:
+    custom = client.CustomObjectsApi(k8s_api)
+
+    def replicas(count: int) -> dict[str, Any]:
+        container = {**CONTAINER, "name": "pytorch"}
+        return {"replicas": count, "restartPolicy": "OnFailure", "template": {"spec": {
+            "nodeSelector": {"kcover-test": test_namespace}, "containers": [container]}}}
+
+    job = {
+        "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+        "metadata": {"name": "pt", "labels": {"kcover.io/cascading-recovery": "true"}},
+        "spec": {"pytorchReplicaSpecs": {"Master": replicas(1), "Worker": replicas(3)}},
+    }
+    custom.create_namespaced_custom_object("kubeflow.org", "v1", test_namespace, "pytorchjobs", job)
+    recover_from_an_xid(training_operator, k8s_api, test_namespace, gpu_nodes, kcover_processes, tmp_path,
+                        "training.kubeflow.org/job-name=pt", 4,
+                        lambda: custom_recovery(custom, "pytorchjobs", test_namespace, "pt"))
