@@ -456,6 +456,10 @@ class ClusterCore:
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--controllers=*",
                 "--concurrent-gc-syncs=5",
+                # as large clusters set it: at the default 20/s the Job controller alone needs ~10 s
+                # to stop and replace 64 pods (see bench/k8s_restart_latency.py)
+                "--kube-api-qps=100",
+                "--kube-api-burst=200",
                 "--v=1",
             ],
         )
