@@ -51,3 +51,17 @@ def test_replaced_and_terminating_pods_are_not_judged_again() -> None:
     pods = [pod_view(pod("p0", xid, "n0"))]
     after = assess(job_view("Job", job({"restarts": 1, "replaced": ["uid-p0"]})), pods, rules, RecoveryPolicy())
     assert not after.failed
+
+
+def test_specs_that_defeat_a_restart_are_named() -> None:
+    from kcover.k8s.operator.views import spec_problems
+
+    never = {"pytorchReplicaSpecs": {"Master": {"restartPolicy": "OnFailure"}, "Worker": {"restartPolicy": "Never"}}}
+    assert [p.split(":")[0] for p in spec_problems("PyTorchJob", never)] == ["replica Worker has restartPolicy Never"]
+    assert spec_problems("PyTorchJob", {"pytorchReplicaSpecs": {"Worker": {}}}) == ()
+    bare = spec_problems("Job", {"backoffLimit": 3})
+    assert len(bare) == 1 and "backoffLimit (3)" in bare[0]
+    ignoring = {"podFailurePolicy": {"rules": [{"action": "Ignore", "onExitCodes": {"operator": "NotIn",
+                                                                                    "values": [0]}}]}}
+    assert spec_problems("Job", ignoring) == ()
+    assert spec_problems("JobSet", {}) == ()

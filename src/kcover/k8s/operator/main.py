@@ -174,10 +174,11 @@ def _policy(api: client.ApiClient, actuator: Actuator, job: JobView) -> JobPolic
         except client.exceptions.ApiException:
             continue
     policy, warnings = with_annotations(policy, job.annotations)
-    for warning in warnings:
-        if (job.key, warning) not in WORLD.warned:
-            WORLD.warned.add((job.key, warning))
-            actuator.event(job, "KcoverBadAnnotation", warning, warning=True)
+    for reason, found in (("KcoverBadAnnotation", warnings), ("KcoverBadSpec", job.spec_problems)):
+        for warning in found:
+            if (job.key, warning) not in WORLD.warned:
+                WORLD.warned.add((job.key, warning))
+                actuator.event(job, reason, warning, warning=True)
     return policy
 
 

@@ -53,6 +53,7 @@ class JobView:
     annotations: Mapping[str, str] = field(default_factory=dict)
     suspended: bool = False
     finished: bool = False
+    spec_problems: tuple[str, ...] = ()
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -106,7 +107,23 @@ def job_view(kind: str, body: Mapping[str, Any]) -> JobView:
         kind=job_kind, namespace=meta.get("namespace", ""), name=meta.get("name", ""), uid=meta.get("uid", ""),
         resource_version=meta.get("resourceVersion", ""), opted_in=labels.get(OPT_IN_LABEL) == OPT_IN_VALUE,
         annotations=dict(meta.get("annotations") or {}), suspended=suspended, finished=finished,
+        spec_problems=spec_problems(kind, spec),
     )
+
+
+def spec_problems(kind: str, spec: Mapping[str, Any]) -> tuple[str, ...]:
+    """What in a job's spec stops kcover from restarting it (posted once as a Warning Event)."""
+    if kind == "PyTorchJob":
+        return tuple(f"replica {name} has restartPolicy Never: the training-operator fails the whole job when "
+                     "kcover deletes a pod; use OnFailure or ExitCode"
+                     for name, replica in (spec.get("pytorchReplicaSpecs") or {}).items()
+                     if (replica or {}).get("restartPolicy") == "Never")
+    if kind == "Job":
+        rules = (spec.get("podFailurePolicy") or {}).get("rules") or []
+        if not any(rule.get("action") == "Ignore" and rule.get("onExitCodes") for rule in rules):
+            return (f"no podFailurePolicy rule ignoring non-zero exits: crashed ranks count toward backoffLimit "
+                    f"({spec.get('backoffLimit', 6)}) and can end the Job before kcover restarts it",)
+    return ()
 
 
 def utc_now() -> str:
