@@ -55,7 +55,7 @@ def test_operator_and_agent_work_with_exactly_the_charts_roles(
                                             roles=["kcover-operator-leases"])
     agent = test_cluster.service_account(test_namespace, "kcover-agent", cluster_roles=["kcover-agent"])
     xid_scenario(test_cluster, k8s_api, test_namespace, gpu_nodes, kcover_processes, tmp_path,
-                 operator_config=operator.kubeconfig, agent_config=agent.kubeconfig)
+                 operator_config=operator.kubeconfig, agent_config=agent.kubeconfig, crash=True)
     agent_api = kubernetes.config.new_client_from_config(config_file=str(agent.kubeconfig))
     some_pod = client.CoreV1Api(k8s_api).list_namespaced_pod(test_namespace).items[0].metadata.name
     with pytest.raises(client.exceptions.ApiException) as denied:

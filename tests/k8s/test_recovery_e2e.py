@@ -52,7 +52,11 @@ def leader(coordination: client.CoordinationV1Api, namespace: str) -> str | None
 
 
 def recovery(batch: client.BatchV1Api, namespace: str, name: str) -> dict[str, Any]:
-    annotations = batch.read_namespaced_job(name, namespace).metadata.annotations or {}
+    try:
+        annotations = batch.read_namespaced_job(name, namespace).metadata.annotations or {}
+    except client.exceptions.ApiException as error:
+        assert error.status == 404  # a Job whose pods failed is replaced: between the old one and the new one
+        return {}
     return dict(json.loads(annotations.get("kcover.io/recovery", "{}")))
 
 
@@ -64,8 +68,9 @@ def test_xid_on_one_node_restarts_all_pods_and_quarantines_only_that_node(
 
 def xid_scenario(test_cluster: TestCluster, k8s_api: Any, test_namespace: str, gpu_nodes: list[str],
                  kcover_processes: Processes, tmp_path: Path, operator_config: Path | None = None,
-                 agent_config: Path | None = None) -> None:
-    """8 pods on 4 nodes; Xid 79 in one rank's log, NCCL remote errors in the others'."""
+                 agent_config: Path | None = None, crash: bool = False) -> None:
+    """8 pods on 4 nodes; Xid 79 in one rank's log, NCCL remote errors in the others' (and, with ``crash``,
+    every pod exits 1, so the Job is replaced)."""
     core, batch = client.CoreV1Api(k8s_api), client.BatchV1Api(k8s_api)
     batch.create_namespaced_job(test_namespace, indexed_job("train", test_namespace, 8))
     pods = wait_until(lambda: (p := job_pods(core, test_namespace, "train")) and len(p) == 8 and p, 30, "8 pods")
@@ -76,6 +81,8 @@ def xid_scenario(test_cluster: TestCluster, k8s_api: Any, test_namespace: str, g
     for rank, pod in enumerate(pods):
         lines = ["step 100 loss 2.1"] + ([XID] if pod.metadata.uid == bad.metadata.uid else [REMOTE.format(r=rank)])
         test_cluster.write_container_log(test_namespace, pod.metadata.name, "trainer", lines)
+    for pod in pods if crash else []:
+        test_cluster.fail_pod(test_namespace, pod.metadata.name, exit_code=1, wait=False)
     old = {p.metadata.uid for p in pods}
     wait_until(lambda: recovery(batch, test_namespace, "train").get("phase") == "running", 30, "restart done")
     state = recovery(batch, test_namespace, "train")

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from kubernetes import client
 from tests.k8s.conftest import Processes, indexed_job, wait_until
-from tests.k8s.test_recovery_e2e import REMOTE, XID, start_kcover
+from tests.k8s.test_recovery_e2e import REMOTE, XID, leader, start_kcover
 
 from kcover.testing import TestCluster
 
@@ -27,6 +28,15 @@ def pods_of(core: client.CoreV1Api, namespace: str, selector: str) -> list[Any]:
             if p.status.phase == "Running" and not p.metadata.deletion_timestamp]
 
 
+def batch_recovery(batch: client.BatchV1Api, namespace: str, name: str) -> dict[str, Any]:
+    try:
+        job = batch.read_namespaced_job(name, namespace)
+    except client.exceptions.ApiException as error:
+        assert error.status == 404  # between the old Job and its replacement
+        return {}
+    return dict(json.loads((job.metadata.annotations or {}).get("kcover.io/recovery", "{}")))
+
+
 def custom_recovery(custom: client.CustomObjectsApi, plural: str, namespace: str, name: str) -> dict[str, Any]:
     group, version = {"jobsets": ("jobset.x-k8s.io", "v1alpha2"), "pytorchjobs": ("kubeflow.org", "v1")}[plural]
     body = custom.get_namespaced_custom_object(group, version, namespace, plural, name)
@@ -35,18 +45,20 @@ def custom_recovery(custom: client.CustomObjectsApi, plural: str, namespace: str
 
 def recover_from_an_xid(cluster: TestCluster, api: Any, namespace: str, nodes: list[str], processes: Processes,
                         tmp_path: Path, selector: str, count: int, state: Callable[[], dict[str, Any]],
-                        crash: bool = False) -> None:
+                        crash: bool = False, identity: str = "op-a") -> None:
     """Write the incident into the pods' logs (and crash them), then check the restart and the quarantine."""
     core = client.CoreV1Api(api)
     pods = wait_until(lambda: (p := pods_of(core, namespace, selector)) and len(p) == count and p, 60,
                       f"{count} pods Running")
-    start_kcover(cluster, processes, nodes, tmp_path, namespace)
+    start_kcover(cluster, processes, nodes, tmp_path, namespace, identity=identity)
     bad = pods[-1]
     for rank, pod in enumerate(pods):
         container = pod.spec.containers[0].name
         line = XID if pod.metadata.uid == bad.metadata.uid else REMOTE.format(r=rank)
         cluster.write_container_log(namespace, pod.metadata.name, container, ["step 7 loss 1.9", line])
-    if crash:
+    if crash:  # a rank logs, then exits: with the agents running, the record of the cause comes first
+        wait_until(lambda: "kcover.io/faults" in (core.read_namespaced_pod(
+            bad.metadata.name, namespace).metadata.annotations or {}), 30, "the agent's record of the Xid")
         for pod in pods:
             cluster.fail_pod(namespace, pod.metadata.name, exit_code=1, wait=False)
     old = {p.metadata.uid for p in pods}
@@ -67,17 +79,32 @@ def test_a_batch_job_whose_pods_crashed_is_restarted(
         kcover_processes: Processes, tmp_path: Path) -> None:
     batch = client.BatchV1Api(k8s_api)
     batch.create_namespaced_job(test_namespace, indexed_job("crashed", test_namespace, 4))
-
-    def state() -> dict[str, Any]:
-        try:
-            job = batch.read_namespaced_job("crashed", test_namespace)
-        except client.exceptions.ApiException as error:
-            assert error.status == 404  # between the old Job and its replacement
-            return {}
-        return dict(json.loads((job.metadata.annotations or {}).get("kcover.io/recovery", "{}")))
-
     recover_from_an_xid(test_cluster, k8s_api, test_namespace, gpu_nodes, kcover_processes, tmp_path,
-                        "batch.kubernetes.io/job-name=crashed", 4, state, crash=True)
+                        "batch.kubernetes.io/job-name=crashed", 4,
+                        partial(batch_recovery, batch, test_namespace, "crashed"), crash=True)
+
+
+def test_a_leader_that_dies_between_deleting_and_creating_the_job_loses_nothing(
+        test_cluster: TestCluster, k8s_api: Any, test_namespace: str, gpu_nodes: list[str],
+        kcover_processes: Processes, tmp_path: Path) -> None:
+    batch = client.BatchV1Api(k8s_api)
+    batch.create_namespaced_job(test_namespace, indexed_job("crashed", test_namespace, 4))
+    doomed = kcover_processes.start(["operator", "--kubeconfig", str(test_cluster.kubeconfig), "--namespace",
+                                     test_namespace, "--lease-seconds", "3", "--identity", "doomed"],
+                                    tmp_path / "doomed.log", env={"KCOVER_OPERATOR_FAILPOINT": "after-recreate-delete"})
+    coordination = client.CoordinationV1Api(k8s_api)
+    wait_until(lambda: leader(coordination, test_namespace) == "doomed", 30, "the doomed operator to lead")
+    recover_from_an_xid(test_cluster, k8s_api, test_namespace, gpu_nodes, kcover_processes, tmp_path,
+                        "batch.kubernetes.io/job-name=crashed", 4, partial(batch_recovery, batch, test_namespace,
+                                                                           "crashed"), crash=True, identity="op-b")
+    assert doomed.poll() == 86, "the first leader died at the failpoint"
+    assert leader(coordination, test_namespace) == "op-b"
+    assert not client.CoreV1Api(k8s_api).list_namespaced_config_map(
+        test_namespace, label_selector="kcover.io/recreate-for").items
+    evidence = client.CoreV1Api(k8s_api).list_namespaced_config_map(
+        test_namespace, label_selector="kcover.io/evidence-for=crashed").items
+    new_uid = batch.read_namespaced_job("crashed", test_namespace).metadata.uid
+    assert len(evidence) == 1 and [o.uid for o in evidence[0].metadata.owner_references] == [new_uid]
 
 
 def test_a_jobset_is_restarted_through_its_controller(

@@ -24,6 +24,7 @@ from kubernetes import client
 from kcover.classify.rules import Rule
 from kcover.decide.policy import DecisionKind
 from kcover.explain import default_matcher
+from kcover.faults import Role
 from kcover.health.quarantine.kube import KubeQuarantine
 from kcover.health.quarantine.policy import QuarantinePolicy, Verdict
 from kcover.k8s.kinds import BATCH_JOB, KINDS
@@ -38,6 +39,7 @@ from kcover.k8s.operator.views import JobView, PodView, job_view, pod_view, utc_
 log = logging.getLogger("kcover.operator")
 SETTLE_SECONDS = 0.3
 TICK_SECONDS = 0.1
+CAUSE_GRACE_SECONDS = 3.0  # how long cascade-only evidence waits for the agents' report of a cause
 RECREATE_POLL = 0.5  # while a replaced Job waits to be created again
 RECREATE_SWEEP = 10.0  # otherwise (a leader that died may have left one)
 
@@ -59,6 +61,7 @@ class World:
     dirty: dict[tuple[str, str, str], float] = field(default_factory=dict)
     warned: set[tuple[tuple[str, str, str], str]] = field(default_factory=set)
     prepared: set[tuple[tuple[str, str, str], int]] = field(default_factory=set)
+    failing_since: dict[tuple[str, str, str], float] = field(default_factory=dict)
     recreating: bool = True  # a Job may wait to be created again (set at start: a crash may have left one)
 
     def pods_of(self, job: JobView) -> list[PodView]:
@@ -195,7 +198,23 @@ def _evaluate(actuator: Actuator, job: JobView) -> bool:
     assessment = assess(job, WORLD.pods_of(job), _rules(), policy.recovery)
     if not assessment.failed:
         return False
+    if _awaiting_cause(job, assessment):
+        return True
+    WORLD.failing_since.pop(job.key, None)
     return _act(actuator, job, assessment, policy)
+
+
+def _awaiting_cause(job: JobView, assessment: Assessment) -> bool:
+    """Only cascade symptoms so far (exit codes, NCCL errors): give the agents a moment to report the cause.
+
+    Pods' exits reach the operator at once, the agents' record of what the first rank logged up to a
+    second later; judging at once would restart without excluding the bad node.
+    """
+    root = assessment.verdict.root if assessment.verdict else None
+    if root is not None and root.role is not Role.CASCADE:
+        return False
+    since = WORLD.failing_since.setdefault(job.key, time.monotonic())
+    return time.monotonic() - since < CAUSE_GRACE_SECONDS
 
 
 def _act(actuator: Actuator, job: JobView, assessment: Assessment, policy: JobPolicy) -> bool:
@@ -292,6 +311,7 @@ def _recreate(actuator: Actuator, job: JobView, recovery: dict[str, Any], starte
                            "instead of replacing it: the Job controller delays new pods after failures", warning=True)
         return False
     actuator.recreator.save_and_delete(body, recovery)
+    failpoint("after-recreate-delete")
     WORLD.recreating = True
     if started is not None:
         metrics.REACTION.observe(time.monotonic() - started)
@@ -301,10 +321,11 @@ def _recreate(actuator: Actuator, job: JobView, recovery: dict[str, Any], starte
 
 
 def _finish_recreations(actuator: Actuator) -> None:
-    for namespace, name in actuator.recreator.finish_pending():
+    done, waiting = actuator.recreator.finish_pending()
+    for namespace, name in done:
         metrics.RESTARTS.labels(BATCH_JOB.kind).inc()
         log.info("Job %s/%s: restart done, the Job was created again", namespace, name)
-    WORLD.recreating = False
+    WORLD.recreating = waiting > 0
 
 
 def run(config: Config) -> None:

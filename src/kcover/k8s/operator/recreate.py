@@ -99,15 +99,17 @@ class Recreator:
             if error.status != 404:
                 raise
 
-    def finish_pending(self) -> list[tuple[str, str]]:
-        """Step 3 for every saved Job whose old object is gone; returns the (namespace, name) recreated."""
+    def finish_pending(self) -> tuple[list[tuple[str, str]], int]:
+        """Step 3 for every saved Job whose old object is gone: the (namespace, name) recreated, and how many wait."""
         done: list[tuple[str, str]] = []
+        waiting = 0
         for saved in self.core.list_config_map_for_all_namespaces(label_selector=PENDING_LABEL).items:
             namespace, manifest = saved.metadata.namespace, json.loads(saved.data["job.json"])
             name = manifest["metadata"]["name"]
             current = self.read(namespace, name)
             if current is not None and current["metadata"]["uid"] == saved.data.get("old-uid"):
-                continue  # the old Job is still stopping its pods
+                waiting += 1  # the old Job is still stopping its pods
+                continue
             if current is None:
                 try:
                     self.batch.create_namespaced_job(namespace, manifest)
@@ -124,7 +126,7 @@ class Recreator:
             except ApiException as error:
                 if error.status != 404:
                     raise
-        return done
+        return done, waiting
 
     def _own_evidence(self, namespace: str, name: str, uid: str | None) -> None:
         """Detach the job's evidence ConfigMaps (uid None) or give them to the new Job."""
