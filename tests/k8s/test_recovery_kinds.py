@@ -16,7 +16,7 @@ from typing import Any
 
 from kubernetes import client
 from tests.k8s.conftest import Processes, indexed_job, wait_until
-from tests.k8s.test_recovery_e2e import REMOTE, XID, leader, start_kcover
+from tests.k8s.test_recovery_e2e import REMOTE, XID, leader, recovery, start_kcover
 
 from kcover.testing import TestCluster
 
@@ -26,15 +26,6 @@ CONTAINER = {"name": "trainer", "image": "trainer:v1", "resources": {"limits": {
 def pods_of(core: client.CoreV1Api, namespace: str, selector: str) -> list[Any]:
     return [p for p in core.list_namespaced_pod(namespace, label_selector=selector).items
             if p.status.phase == "Running" and not p.metadata.deletion_timestamp]
-
-
-def batch_recovery(batch: client.BatchV1Api, namespace: str, name: str) -> dict[str, Any]:
-    try:
-        job = batch.read_namespaced_job(name, namespace)
-    except client.exceptions.ApiException as error:
-        assert error.status == 404  # between the old Job and its replacement
-        return {}
-    return dict(json.loads((job.metadata.annotations or {}).get("kcover.io/recovery", "{}")))
 
 
 def custom_recovery(custom: client.CustomObjectsApi, plural: str, namespace: str, name: str) -> dict[str, Any]:
@@ -67,9 +58,9 @@ def recover_from_an_xid(cluster: TestCluster, api: Any, namespace: str, nodes: l
                          and not {x.metadata.uid for x in p} & old and p, 60,
                          lambda: f"{count} new pods Running; have "
                                  f"{[(p.metadata.name, p.status.phase) for p in pods_of(core, namespace, selector)]}")
-    recovery = state()
-    assert (recovery["restarts"], recovery["last"]["category"]) == (1, "gpu_hardware")
-    assert recovery["last"]["nodes"] == [bad.spec.node_name]
+    record = state()
+    assert (record["restarts"], record["last"]["category"]) == (1, "gpu_hardware")
+    assert record["last"]["nodes"] == [bad.spec.node_name]
     assert all(p.spec.node_name != bad.spec.node_name for p in renewed)
     assert [n for n in nodes if core.read_node(n).spec.unschedulable] == [bad.spec.node_name]
 
@@ -81,7 +72,7 @@ def test_a_batch_job_whose_pods_crashed_is_restarted(
     batch.create_namespaced_job(test_namespace, indexed_job("crashed", test_namespace, 4))
     recover_from_an_xid(test_cluster, k8s_api, test_namespace, gpu_nodes, kcover_processes, tmp_path,
                         "batch.kubernetes.io/job-name=crashed", 4,
-                        partial(batch_recovery, batch, test_namespace, "crashed"), crash=True)
+                        partial(recovery, batch, test_namespace, "crashed"), crash=True)
 
 
 def test_a_leader_that_dies_between_deleting_and_creating_the_job_loses_nothing(
@@ -95,7 +86,7 @@ def test_a_leader_that_dies_between_deleting_and_creating_the_job_loses_nothing(
     coordination = client.CoordinationV1Api(k8s_api)
     wait_until(lambda: leader(coordination, test_namespace) == "doomed", 30, "the doomed operator to lead")
     recover_from_an_xid(test_cluster, k8s_api, test_namespace, gpu_nodes, kcover_processes, tmp_path,
-                        "batch.kubernetes.io/job-name=crashed", 4, partial(batch_recovery, batch, test_namespace,
+                        "batch.kubernetes.io/job-name=crashed", 4, partial(recovery, batch, test_namespace,
                                                                            "crashed"), crash=True, identity="op-b")
     assert doomed.poll() == 86, "the first leader died at the failpoint"
     assert leader(coordination, test_namespace) == "op-b"

@@ -40,7 +40,7 @@ from kubernetes.client.exceptions import ApiException
 from kcover.faults import Verdict
 from kcover.health.quarantine.kube import KubeQuarantine
 from kcover.k8s.names import EVIDENCE_LABEL, FIELD_MANAGER, REASON, RECOVERY, STATE
-from kcover.k8s.operator.recreate import Recreator
+from kcover.k8s.operator.recreate import Recreator, completed
 from kcover.k8s.operator.views import JobView, PodView, utc_now
 from kcover.report import verdict_to_dict
 
@@ -155,8 +155,8 @@ class Actuator:
         self.patch_job(job, {**job.kind.suspend_patch(True), "metadata": {"annotations": {RECOVERY: json.dumps(step)}}})
 
     def finish_restart(self, job: JobView, recovery: dict[str, Any]) -> None:
-        done = {k: v for k, v in recovery.items() if k != "step"} | {"phase": "running"}
-        patch: dict[str, Any] = {"metadata": {"annotations": {RECOVERY: json.dumps(done), STATE: "running"}}}
+        patch: dict[str, Any] = {"metadata": {"annotations": {RECOVERY: json.dumps(completed(recovery)),
+                                                              STATE: "running"}}}
         if job.kind.restart_by_suspend:
             patch |= job.kind.suspend_patch(False)
         self.patch_job(job, patch)

@@ -57,6 +57,11 @@ def fresh_manifest(body: dict[str, Any], recovery: dict[str, Any]) -> dict[str, 
     }
 
 
+def completed(recovery: dict[str, Any]) -> dict[str, Any]:
+    """The recovery record of a finished restart (the saga's last step)."""
+    return {k: v for k, v in recovery.items() if k != "step"} | {"phase": "running"}
+
+
 def controlled(body: dict[str, Any]) -> bool:
     """Whether another controller (a CronJob, a workflow) owns the Job: then kcover must not replace it."""
     return any(ref.get("controller") for ref in body["metadata"].get("ownerReferences") or [])
@@ -81,7 +86,7 @@ class Recreator:
         """Steps 1–2 (idempotent): keep the manifest, detach the evidence, delete the Job in the foreground."""
         meta = body["metadata"]
         namespace, name = meta["namespace"], meta["name"]
-        done = {k: v for k, v in recovery.items() if k != "step"} | {"phase": "running"}
+        done = completed(recovery)
         saved = client.V1ConfigMap(
             metadata=client.V1ObjectMeta(name=f"kcover-recreate-{name}"[:253], namespace=namespace,
                                          labels={PENDING_LABEL: name[:63]}),
