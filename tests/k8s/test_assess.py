@@ -65,3 +65,25 @@ def test_specs_that_defeat_a_restart_are_named() -> None:
                                                                                     "values": [0]}}]}}
     assert spec_problems("Job", ignoring) == ()
     assert spec_problems("JobSet", {}) == ()
+
+
+def test_cascade_only_evidence_waits_a_moment_for_the_cause() -> None:
+    import time
+
+    from kcover.k8s.operator.main import CAUSE_GRACE_SECONDS, WORLD, _awaiting_cause
+
+    rules = default_matcher().rules
+    nccl = ("[rank1]: torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, "
+            "remote process exited or there was a network error, NCCL version 2.20.5")
+    xid = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=python, GPU has fallen off the bus."
+    view = job_view("Job", job())
+    cascade = assess(view, [pod_view(pod("p1", nccl, "n1", "Failed"))], rules, RecoveryPolicy())
+    assert cascade.failed
+    WORLD.failing_since.pop(view.key, None)
+    assert _awaiting_cause(view, cascade), "the first look at cascade-only evidence waits"
+    WORLD.failing_since[view.key] = time.monotonic() - CAUSE_GRACE_SECONDS - 0.1
+    assert not _awaiting_cause(view, cascade), "but not past the grace"
+    WORLD.failing_since.pop(view.key, None)
+    rooted = assess(view, [pod_view(pod("p0", xid, "n0", "Failed")), pod_view(pod("p1", nccl, "n1", "Failed"))],
+                    rules, RecoveryPolicy())
+    assert not _awaiting_cause(view, rooted), "a root cause is acted on at once"
