@@ -3,7 +3,8 @@
 A batch Job whose pods crashed (Failed, as NCCL errors end them), a JobSet
 (jobset controller) and a Kubeflow PyTorchJob (training-operator): an Xid 79 in
 one rank's log, NCCL errors in the others' → every pod replaced by a fresh
-one, only the Xid's node quarantined, the job running again.
+one, only the Xid's node quarantined, the job running again.  Also: a node that
+``kcover preflight`` refused is excluded the same way.
 """
 
 from __future__ import annotations
@@ -34,10 +35,12 @@ def custom_recovery(custom: client.CustomObjectsApi, plural: str, namespace: str
     return dict(json.loads(body["metadata"].get("annotations", {}).get("kcover.io/recovery", "{}")))
 
 
-def recover_from_an_xid(cluster: TestCluster, api: Any, namespace: str, nodes: list[str], processes: Processes,
+def recover_from_a_node_fault(cluster: TestCluster, api: Any, namespace: str, nodes: list[str], processes: Processes,
                         tmp_path: Path, selector: str, count: int, state: Callable[[], dict[str, Any]],
-                        crash: bool = False, identity: str = "op-a") -> None:
-    """Write the incident into the pods' logs (and crash them), then check the restart and the quarantine."""
+                        crash: bool = False, identity: str = "op-a", cause: str = XID,
+                        category: str = "gpu_hardware") -> None:
+    """Write the incident (``cause`` in one pod's log, NCCL errors in the others') and crash the pods if asked,
+    then check the restart and that only the faulty pod's node was quarantined."""
     core = client.CoreV1Api(api)
     pods = wait_until(lambda: (p := pods_of(core, namespace, selector)) and len(p) == count and p, 60,
                       f"{count} pods Running")
@@ -45,7 +48,7 @@ def recover_from_an_xid(cluster: TestCluster, api: Any, namespace: str, nodes: l
     bad = pods[-1]
     for rank, pod in enumerate(pods):
         container = pod.spec.containers[0].name
-        line = XID if pod.metadata.uid == bad.metadata.uid else REMOTE.format(r=rank)
+        line = cause.format(node=pod.spec.node_name) if pod.metadata.uid == bad.metadata.uid else REMOTE.format(r=rank)
         cluster.write_container_log(namespace, pod.metadata.name, container, ["step 7 loss 1.9", line])
     if crash:  # a rank logs, then exits: with the agents running, the record of the cause comes first
         wait_until(lambda: "kcover.io/faults" in (core.read_namespaced_pod(
@@ -59,7 +62,7 @@ def recover_from_an_xid(cluster: TestCluster, api: Any, namespace: str, nodes: l
                          lambda: f"{count} new pods Running; have "
                                  f"{[(p.metadata.name, p.status.phase) for p in pods_of(core, namespace, selector)]}")
     record = state()
-    assert (record["restarts"], record["last"]["category"]) == (1, "gpu_hardware")
+    assert (record["restarts"], record["last"]["category"]) == (1, category)
     assert record["last"]["nodes"] == [bad.spec.node_name]
     assert all(p.spec.node_name != bad.spec.node_name for p in renewed)
     assert [n for n in nodes if core.read_node(n).spec.unschedulable] == [bad.spec.node_name]
@@ -70,9 +73,21 @@ def test_a_batch_job_whose_pods_crashed_is_restarted(
         kcover_processes: Processes, tmp_path: Path) -> None:
     batch = client.BatchV1Api(k8s_api)
     batch.create_namespaced_job(test_namespace, indexed_job("crashed", test_namespace, 4))
-    recover_from_an_xid(test_cluster, k8s_api, test_namespace, gpu_nodes, kcover_processes, tmp_path,
+    recover_from_a_node_fault(test_cluster, k8s_api, test_namespace, gpu_nodes, kcover_processes, tmp_path,
                         "batch.kubernetes.io/job-name=crashed", 4,
                         partial(recovery, batch, test_namespace, "crashed"), crash=True)
+
+
+def test_a_node_its_preflight_refused_is_excluded(
+        test_cluster: TestCluster, k8s_api: Any, test_namespace: str, gpu_nodes: list[str],
+        kcover_processes: Processes, tmp_path: Path) -> None:
+    """The line ``kcover preflight --pairwise`` logs on a slow node → the operator quarantines that node."""
+    batch = client.BatchV1Api(k8s_api)
+    batch.create_namespaced_job(test_namespace, indexed_job("gated", test_namespace, 4))
+    slow = "kcover preflight: node {node} failed: slow in every pairing ({node}; more than 2x the median pair's 0.4 s)"
+    recover_from_a_node_fault(test_cluster, k8s_api, test_namespace, gpu_nodes, kcover_processes, tmp_path,
+                        "batch.kubernetes.io/job-name=gated", 4, partial(recovery, batch, test_namespace, "gated"),
+                        crash=True, cause=slow, category="host_system")
 
 
 def test_a_leader_that_dies_between_deleting_and_creating_the_job_loses_nothing(
@@ -85,7 +100,7 @@ def test_a_leader_that_dies_between_deleting_and_creating_the_job_loses_nothing(
                                     tmp_path / "doomed.log", env={"KCOVER_OPERATOR_FAILPOINT": "after-recreate-delete"})
     coordination = client.CoordinationV1Api(k8s_api)
     wait_until(lambda: leader(coordination, test_namespace) == "doomed", 30, "the doomed operator to lead")
-    recover_from_an_xid(test_cluster, k8s_api, test_namespace, gpu_nodes, kcover_processes, tmp_path,
+    recover_from_a_node_fault(test_cluster, k8s_api, test_namespace, gpu_nodes, kcover_processes, tmp_path,
                         "batch.kubernetes.io/job-name=crashed", 4, partial(recovery, batch, test_namespace,
                                                                            "crashed"), crash=True, identity="op-b")
     assert doomed.poll() == 86, "the first leader died at the failpoint"
@@ -111,7 +126,7 @@ def test_a_jobset_is_restarted_through_its_controller(
             "template": {"spec": pod_spec}}}}]},
     }
     custom.create_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", test_namespace, "jobsets", jobset)
-    recover_from_an_xid(jobset_controller, k8s_api, test_namespace, gpu_nodes, kcover_processes, tmp_path,
+    recover_from_a_node_fault(jobset_controller, k8s_api, test_namespace, gpu_nodes, kcover_processes, tmp_path,
                         "jobset.sigs.k8s.io/jobset-name=js", 4,
                         lambda: custom_recovery(custom, "jobsets", test_namespace, "js"))
 
@@ -132,6 +147,6 @@ def test_a_pytorchjob_is_restarted_through_the_training_operator(
         "spec": {"pytorchReplicaSpecs": {"Master": replicas(1), "Worker": replicas(3)}},
     }
     custom.create_namespaced_custom_object("kubeflow.org", "v1", test_namespace, "pytorchjobs", job)
-    recover_from_an_xid(training_operator, k8s_api, test_namespace, gpu_nodes, kcover_processes, tmp_path,
+    recover_from_a_node_fault(training_operator, k8s_api, test_namespace, gpu_nodes, kcover_processes, tmp_path,
                         "training.kubeflow.org/job-name=pt", 4,
                         lambda: custom_recovery(custom, "pytorchjobs", test_namespace, "pt"))

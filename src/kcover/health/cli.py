@@ -18,6 +18,7 @@ import typer
 from kcover.health import registry
 from kcover.health.config import HealthConfigError, load_config
 from kcover.health.model import CheckResult, HealthReport, Status
+from kcover.health.pairwise import PairwiseSetupError
 from kcover.health.preflight import PreflightResult, run_preflight
 from kcover.health.registry import CheckContext
 from kcover.health.runner import run_checks, select_checks
@@ -106,8 +107,21 @@ def preflight(
     simulate_nodes: Annotated[
         int, typer.Option("--simulate-nodes", help="Also run the pairwise slow-node test over N local nodes.")
     ] = 0,
+    pairwise: Annotated[
+        bool,
+        typer.Option("--pairwise", help="Also run the pairwise slow-node test across the job's nodes: one "
+                     "`kcover preflight --pairwise` per node, meeting through torchrun's variables "
+                     "(NODE_RANK or RANK, NNODES or WORLD_SIZE, MASTER_ADDR, MASTER_PORT)."),
+    ] = False,
+    node: Annotated[str | None, typer.Option("--node", envvar="NODE_NAME",
+                                             help="This node's name (default: NODE_NAME, else the host name).")]
+    = None,
 ) -> None:
-    """Gate a job's start: exit 0 when this node may run it, 1 when not (for an init container)."""
+    """Gate a job's start: exit 0 when this node may run it, 1 when not (for an init container).
+
+    A refusal also logs one line, ``kcover preflight: node <name> failed: <why>``, which the catalog
+    knows (``host.preflight-failed``): the kcover agent reports it, and the operator excludes the node.
+    """
     try:
         result: PreflightResult = run_preflight(
             config=config,
@@ -116,10 +130,12 @@ def preflight(
             skip=tuple(skip or ()),
             checkpoint_dir=checkpoint_dir,
             simulate_nodes=simulate_nodes,
+            across_nodes=pairwise,
+            node=node,
         )
     except HealthConfigError as exc:
         raise _fail_usage(f"invalid health configuration: {exc}") from None
-    except KeyError as exc:
+    except (KeyError, PairwiseSetupError) as exc:
         raise _fail_usage(str(exc.args[0])) from None
     if as_json:
         typer.echo(json.dumps(result.to_dict(), indent=2))
@@ -129,4 +145,6 @@ def preflight(
             if callable(printer):
                 printer(item)
         typer.echo(f"preflight {'passed' if result.passed else 'FAILED'}: {result.reason}")
+    if not result.passed:
+        typer.echo(result.fault_line(), err=True)
     raise typer.Exit(0 if result.passed else 1)

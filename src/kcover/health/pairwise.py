@@ -227,15 +227,44 @@ def simulate_pairwise(
 
 
 def env_store(spec: PairwiseSpec) -> tuple[int, int, Any]:
-    """Rank, world size and a TCPStore from torchrun's node-level variables (NODE_RANK, NNODES, MASTER_*)."""
+    """Rank, world size and a TCPStore from torchrun's variables: NODE_RANK and NNODES (or, one pod per
+    node as a PyTorchJob runs them, RANK and WORLD_SIZE), MASTER_ADDR, MASTER_PORT."""
     import torch.distributed as dist
 
-    rank, world = int(os.environ["NODE_RANK"]), int(os.environ["NNODES"])
+    try:
+        rank = int(os.environ.get("NODE_RANK") or os.environ["RANK"])
+        world = int(os.environ.get("NNODES") or os.environ["WORLD_SIZE"])
+        address = os.environ["MASTER_ADDR"]
+    except KeyError as missing:
+        raise PairwiseSetupError(f"the pairwise test needs the environment variable {missing.args[0]} "
+                                 "(NODE_RANK or RANK, NNODES or WORLD_SIZE, MASTER_ADDR, MASTER_PORT)") from None
+    except ValueError as bad:
+        raise PairwiseSetupError(f"the pairwise test's rank and world size must be integers: {bad}") from None
     store = dist.TCPStore(  # type: ignore[attr-defined]
-        os.environ["MASTER_ADDR"],
+        address,
         int(os.environ.get("MASTER_PORT", "29500")),
         world,
         is_master=rank == 0,
         timeout=timedelta(seconds=spec.timeout_s),
     )
     return rank, world, store
+
+
+class PairwiseSetupError(ValueError):
+    """The environment does not say how to reach the other nodes."""
+
+
+def pairwise_across_nodes(node: str, spec: PairwiseSpec) -> PairwiseResult:
+    """Run the pairwise test as this node's part (one ``kcover preflight --pairwise`` per node).
+
+    The nodes meet through torchrun's variables (:func:`env_store`) and tell each other their names.
+    ``KCOVER_PAIRWISE_SLOWDOWN`` (a factor, for tests) makes this node's matmuls that much slower,
+    as a throttled GPU would be.
+    """
+    rank, world, store = env_store(spec)
+    store.set(f"name/{rank}", node)
+    names = [bytes(store.get(f"name/{other}")).decode() for other in range(world)]
+    if len(set(names)) != len(names):
+        raise PairwiseSetupError(f"the pairwise test needs one process per node; node names repeat: {names}")
+    slowdown = float(os.environ.get("KCOVER_PAIRWISE_SLOWDOWN", "1"))
+    return pairwise_worker(rank, names, store, spec, slowdown)
