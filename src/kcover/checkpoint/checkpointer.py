@@ -8,7 +8,10 @@ commits them with an atomic manifest rename, reports ``kcover.checkpointed(step)
 to ``kcover run`` and prunes old checkpoints.  There is one snapshot buffer,
 so peak extra host memory is one state size: a ``save`` while the previous
 snapshot is still being persisted either waits for it (``if_busy="wait"``,
-the default) or returns False without saving (``if_busy="skip"``).
+the default) or returns False without saving (``if_busy="skip"``).  With
+``save(..., overlap=optimizer)`` the large tensors are copied on a background
+thread during the next forward and backward, and the optimizer's step waits
+for that copy.
 
 ``load_latest()`` restores the newest complete checkpoint this rank can load —
 from shared memory when its snapshot is at least as new as the newest on disk
@@ -33,6 +36,7 @@ import os
 import secrets
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
@@ -45,13 +49,14 @@ from kcover.checkpoint.agree import NONE, agree_on_step
 from kcover.checkpoint.emergency import SigtermGuard
 from kcover.checkpoint.errors import CheckpointError, WorldSizeChangedError
 from kcover.checkpoint.flatten import flatten
-from kcover.checkpoint.image import COMMITTED, Header, Image, make_plan, parse
+from kcover.checkpoint.image import COMMITTED, Header, Image, Plan, make_plan, parse
 from kcover.checkpoint.restore import Restored, load_from_disk, map_private, materialize, memory_image, usable_manifest
-from kcover.checkpoint.snapshot import Region, SnapshotBuffer, write_snapshot
+from kcover.checkpoint.snapshot import Region, SnapshotBuffer, begin_snapshot, commit_snapshot, copy_tensors
 
 log = logging.getLogger("kcover.checkpoint")
 IfBusy = Literal["wait", "skip"]
 DEFAULT_SHARED_MEMORY = "/dev/shm"
+OVERLAP_BELOW = 1 << 20  # with save(overlap=…), tensors smaller than this are copied before save returns
 
 
 def snapshot_path(shared_memory: Path, directory: Path, rank: int, job_id: str | None = None) -> Path:
@@ -127,7 +132,8 @@ class Checkpointer:
         self.replicated, self.trusted, self.block_size = replicated, trusted, block_size
         self.last_error: CheckpointError | None = None
         self.persisted_step: int | None = None
-        self.last_blocking_seconds = 0.0
+        self.last_blocking_seconds = 0.0  # how long the last save() call took
+        self.last_step_wait_seconds = 0.0  # how long an optimizer step last waited for an overlapped copy
         self.last_persist_seconds = 0.0
         self.skipped = 0
         shm: Path | None = None
@@ -142,6 +148,9 @@ class Checkpointer:
         self._closed = False
         self._world_changed: WorldSizeChangedError | None = None
         self._guard = SigtermGuard(self._emergency) if emergency_save else None
+        self._snapshotted = threading.Event()  # clear while an overlapped snapshot is still being copied
+        self._snapshotted.set()
+        self._watched: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
         disk.clean_leftovers(self.directory, self.rank)
         self._adopt_snapshot()
         if self._guard is not None:
@@ -155,17 +164,24 @@ class Checkpointer:
 
     # saving ---------------------------------------------------------------------------------------------------
 
-    def save(self, step: int, state: Any, *, persist: bool = True) -> bool:
+    def save(self, step: int, state: Any, *, persist: bool = True,
+             overlap: torch.optim.Optimizer | None = None) -> bool:
         """Snapshot ``state`` as ``step`` (blocking only for the copy), then persist it in the background.
 
         Returns False when the save was skipped (``if_busy="skip"`` and a persist still running, or the
         process is being terminated).  ``persist=False`` keeps the snapshot in memory only: instant restore
         and the emergency save on SIGTERM, no disk write.
+
+        ``overlap=optimizer`` shortens the block to the small tensors (< 1 MiB: buffers such as batch-norm
+        statistics that a forward pass changes): the large ones are copied while the next forward and
+        backward run, and that optimizer's next ``step()`` waits until the copy is done (a step pre-hook),
+        as CheckFreq does.  Only that optimizer may change the large tensors in between.
         """
         if self._closed:
             raise CheckpointError("this Checkpointer is closed")
         if self._stopping:
             return False
+        began = time.perf_counter()
         skeleton, tensors = flatten(state, self.trusted)
         plan = make_plan(tensors, skeleton, self._token, self.replicated)
         if self.busy:
@@ -174,21 +190,76 @@ class Checkpointer:
                 log.info("kcover checkpoint: step %d skipped, the previous one is still being persisted", step)
                 return False
             self.wait()
-        began = time.perf_counter()
-        with self._locked():
-            if self._stopping:  # SIGTERM arrived while we waited: the emergency save owns the buffer now
-                return False
-            region = self._target(plan.total)
-            header = Header(COMMITTED, step, time.time_ns(), plan.total, plan.meta_offset, len(plan.meta),
-                            self.rank, self.world_size)
-            write_snapshot(region, plan, tensors, header)
-            self._buffer.publish(region)
-            self._unpersisted = (step, plan.total)
-        self.last_blocking_seconds = time.perf_counter() - began
-        if persist:
+            began = time.perf_counter()  # waiting for the disk is the skip policy's business, not the copy's
+        with self._guard.deferred() if self._guard else contextlib.nullcontext():
+            self._lock.acquire()  # released by whoever finishes the snapshot: here, or the overlap thread
+            try:
+                if self._stopping:  # SIGTERM arrived while we waited: the emergency save owns the buffer now
+                    self._lock.release()
+                    return False
+                region = self._target(plan.total)
+                header = Header(COMMITTED, step, time.time_ns(), plan.total, plan.meta_offset, len(plan.meta),
+                                self.rank, self.world_size)
+                begin_snapshot(region, header)
+                small = (lambda nbytes: nbytes < OVERLAP_BELOW) if overlap is not None else (lambda nbytes: True)
+                devices = copy_tensors(region, plan, tensors, small)
+            except BaseException:
+                self._lock.release()
+                raise
+            if overlap is None:
+                self._finish_snapshot(step, region, plan, devices)
+            else:  # started before a deferred SIGTERM runs: the emergency save waits for this thread's lock
+                self.last_step_wait_seconds = 0.0
+                self._watch_optimizer(overlap)
+                self._snapshotted.clear()
+                rest = (region, plan, tensors, devices)
+                self._thread = threading.Thread(target=self._finish_in_background, args=(step, rest, persist),
+                                                name="kcover-snapshot")
+                self._thread.start()
+        if overlap is None and persist:
             self._thread = threading.Thread(target=self._persist, args=(step, plan.total), name="kcover-persist")
             self._thread.start()
+        self.last_blocking_seconds = time.perf_counter() - began
         return True
+
+    def _finish_snapshot(self, step: int, region: Region, plan: Plan, devices: set[torch.device]) -> None:
+        """Commit and publish the snapshot, and release the lock ``save`` took."""
+        try:
+            commit_snapshot(region, plan, devices)
+            self._buffer.publish(region)
+            self._unpersisted = (step, plan.total)
+        finally:
+            self._lock.release()
+
+    def _finish_in_background(self, step: int, rest: tuple[Region, Plan, list[torch.Tensor], set[torch.device]],
+                              persist: bool) -> None:
+        region, plan, tensors, devices = rest
+        try:
+            devices |= copy_tensors(region, plan, tensors, lambda nbytes: nbytes >= OVERLAP_BELOW)
+        except BaseException:
+            self._lock.release()
+            self._snapshotted.set()
+            log.exception("kcover checkpoint: step %d: the snapshot copy failed", step)
+            return
+        self._finish_snapshot(step, region, plan, devices)
+        self._snapshotted.set()
+        if persist:
+            self._persist(step, plan.total)
+
+    def _watch_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Once per optimizer: its ``step()`` first waits for a snapshot still being copied."""
+        if optimizer in self._watched:
+            return
+        self._watched.add(optimizer)
+        snapshotted = self._snapshotted
+
+        def wait_for_the_snapshot(*_: Any) -> None:
+            if not snapshotted.is_set():
+                began = time.perf_counter()
+                snapshotted.wait()
+                self.last_step_wait_seconds = time.perf_counter() - began
+
+        optimizer.register_step_pre_hook(wait_for_the_snapshot)
 
     def _target(self, size: int) -> Region:
         try:
@@ -214,7 +285,7 @@ class Checkpointer:
 
     @property
     def busy(self) -> bool:
-        """True while a snapshot is being persisted."""
+        """True while a snapshot is being copied (``overlap``) or persisted."""
         return self._thread is not None and self._thread.is_alive()
 
     def wait(self, timeout: float | None = None) -> bool:

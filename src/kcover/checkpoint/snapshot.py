@@ -17,7 +17,8 @@ new file (:meth:`SnapshotBuffer.freeze`).
 
 When CUDA is present the mapping is registered as pinned memory, so
 device→host copies run asynchronously at full bus speed and are awaited once.
-:func:`write_snapshot` is the only part of a save that blocks training.
+:func:`write_snapshot` is the only part of a save that blocks training (with an
+optimizer to overlap with, only its small tensors; see ``Checkpointer.save``).
 Called by :class:`~kcover.checkpoint.checkpointer.Checkpointer`.
 """
 
@@ -29,7 +30,7 @@ import mmap
 import os
 import struct
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -185,15 +186,34 @@ def _copy_tensor(destination: torch.Tensor, tensor: torch.Tensor) -> None:
 
 def write_snapshot(region: Region, plan: Plan, tensors: Sequence[torch.Tensor], header: Header) -> None:
     """Copy ``tensors`` into ``region`` per ``plan``; the header says COMMITTED only once every byte is there."""
+    begin_snapshot(region, header)
+    commit_snapshot(region, plan, copy_tensors(region, plan, tensors))
+
+
+def begin_snapshot(region: Region, header: Header) -> None:
+    """Mark ``region`` as being written (a reader never takes it for a complete snapshot)."""
     view = region.view()
     struct.pack_into("<I", view, _STATE_OFFSET, WRITING)
     view[:HEADER_SIZE] = pack_header(Header(WRITING, *_fields(header))).ljust(HEADER_SIZE, b"\0")
+
+
+def copy_tensors(region: Region, plan: Plan, tensors: Sequence[torch.Tensor],
+                 which: Callable[[int], bool] = lambda nbytes: True) -> set[torch.device]:
+    """Copy the tensors whose size ``which`` accepts; returns the CUDA devices with copies in flight."""
     devices = set()
     for entry, tensor in zip(plan.entries, tensors, strict=True):
+        if not which(entry.nbytes):
+            continue
         if entry.nbytes:
             _copy_tensor(region.tensor[entry.offset : entry.offset + entry.nbytes], tensor)
         if tensor.is_cuda:
             devices.add(tensor.device)
+    return devices
+
+
+def commit_snapshot(region: Region, plan: Plan, devices: set[torch.device]) -> None:
+    """Write the metadata, wait for device copies, then flip the header to COMMITTED."""
+    view = region.view()
     view[plan.meta_offset : plan.total] = plan.meta
     for device in devices:
         torch.cuda.synchronize(device)
