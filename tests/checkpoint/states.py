@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 
+OVERLAP_SCALE = 16384  # make_state(step, OVERLAP_SCALE): two 128 MiB tensors, copied in the background by overlap=
+
 
 def make_state(step: int, scale: int = 1) -> dict[str, Any]:
     """A state whose every value depends on ``step``: a mix of dtypes, shapes and plain leaves."""

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from tests.checkpoint.conftest import WORKERS
-from tests.checkpoint.states import assert_state, make_state
+from tests.checkpoint.states import OVERLAP_SCALE, assert_state, make_state
 
 from kcover.checkpoint import Checkpointer
 
@@ -30,11 +30,11 @@ def stop(process: subprocess.Popen[str]) -> tuple[int, float, str]:
     return process.returncode, time.monotonic() - began, stderr
 
 
-def on_disk(directory: Path) -> int:
+def on_disk(directory: Path, scale: int = 1) -> int:
     with Checkpointer(directory, shared_memory=None, emergency_save=False) as checkpointer:
         restored = checkpointer.load_latest()
     assert restored is not None
-    assert_state(restored.state, make_state(restored.step))
+    assert_state(restored.state, make_state(restored.step, scale))
     return restored.step
 
 
@@ -49,6 +49,15 @@ def test_sigterm_persists_the_memory_snapshot_then_ends_as_it_would_have(
     assert seconds < 5
     assert "SIGTERM: step 2 persisted" in stderr
     assert on_disk(tmp_path) == 2
+
+
+def test_sigterm_while_an_overlapped_copy_is_still_running(tmp_path: Path, shm_dir: Path) -> None:
+    process = start(str(tmp_path), str(shm_dir), "overlap")
+    code, seconds, stderr = stop(process)  # at once: the 256 MiB copy of step 2 has just begun
+    assert code == -signal.SIGTERM, stderr
+    assert seconds < 10
+    assert "SIGTERM: step 2 persisted" in stderr  # it waited for the copy, then persisted a complete step 2
+    assert on_disk(tmp_path, OVERLAP_SCALE) == 2
 
 
 def test_sigterm_while_stuck_in_a_collective(tmp_path: Path, shm_dir: Path) -> None:

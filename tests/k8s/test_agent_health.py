@@ -95,3 +95,58 @@ def test_malformed_health_config_is_a_usage_error(test_cluster: TestCluster, tmp
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 2
     assert "storage.min_free_gb" in done.stderr
+
+
+def kcover_check_node(cluster: TestCluster, node: str, *flags: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kcover", "check", "--node", node, "--kubeconfig",
+                           str(cluster.kubeconfig), *flags], capture_output=True, text=True, timeout=120, check=False,
+                          env={**os.environ, "COLUMNS": "250"})
+
+
+def request_annotation(core: client.CoreV1Api, node: str) -> str | None:
+    return (core.read_node(node).metadata.annotations or {}).get("kcover.io/health-request")
+
+
+def health_record(core: client.CoreV1Api, node: str, request: str) -> dict[str, Any] | None:
+    record = json.loads((core.read_node(node).metadata.annotations or {}).get("kcover.io/health", "{}"))
+    return record if record.get("request") == request else None
+
+
+def test_check_node_runs_the_requested_suite_by_that_nodes_agent(
+        test_cluster: TestCluster, k8s_api: Any, gpu_nodes: list[str], kcover_processes: Processes,
+        tmp_path: Path) -> None:
+    core = client.CoreV1Api(k8s_api)
+    node, idle = gpu_nodes[0], gpu_nodes[1]
+    suites = tmp_path / "suites.yaml"
+    suites.write_text("suites: {quick: [storage.free], full: [storage.free, storage.fsync]}\n"
+                      f"storage: {{min_free_gb: 0, min_free_fraction: 0, path: {tmp_path}}}\n")
+    kcover_processes.start(["agent", "--node", node, "--log-root", str(test_cluster.log_root), "--kmsg", "",
+                            "--state-dir", str(tmp_path / "state"), "--kubeconfig", str(test_cluster.kubeconfig),
+                            "--health-interval", "0", "--health-config", str(suites)], tmp_path / "agent.log")
+    full = kcover_check_node(test_cluster, node, "--suite", "full", "--json", "--timeout", "60")
+    assert full.returncode == 0, full.stderr
+    answer = json.loads(full.stdout)
+    assert (answer["node"], answer["suite"]) == (node, "full")
+    assert [(c["name"], c["status"]) for c in answer["checks"]] == [("storage.free", "pass"), ("storage.fsync", "pass")]
+    assert answer["checks"][1]["unit"] == "ms" and answer["checks"][1]["threshold"] == 50
+    wait_until(lambda: request_annotation(core, node) is None, 10, "the answered request withdrawn")
+    assert condition(core, node) == "True"  # a requested run goes through the same quarantine path
+
+    table = kcover_check_node(test_cluster, node, "--timeout", "60")  # the quick suite, as a table
+    assert table.returncode == 0, table.stderr
+    assert "storage.free" in table.stdout and "storage.fsync" not in table.stdout and "1 pass" in table.stdout
+
+    # A suite the agent does not know (its configuration differs from this client's): answered as an error
+    core.patch_node(node, {"metadata": {"annotations": {"kcover.io/health-request": "nightly/abc123"}}})
+    record = wait_until(lambda: health_record(core, node, "abc123"), 20, "the agent's answer")
+    assert "unknown health suite 'nightly'" in record["error"]
+    wait_until(lambda: request_annotation(core, node) is None, 10, "the refused request withdrawn")
+
+    unanswered = kcover_check_node(test_cluster, idle, "--timeout", "1.5")  # no agent runs there
+    assert unanswered.returncode == 1
+    assert f"no answer from the kcover agent on node {idle} within 1.5 s" in unanswered.stderr
+    assert request_annotation(core, idle) is None  # withdrawn: an agent started later does not run it
+    missing = kcover_check_node(test_cluster, "no-such-node", "--timeout", "1")
+    assert missing.returncode == 2 and "no node named 'no-such-node'" in missing.stderr
+    mixed = kcover_check_node(test_cluster, node, "--only", "storage")
+    assert mixed.returncode == 2 and "--only" in mixed.stderr and "Traceback" not in mixed.stderr

@@ -17,7 +17,7 @@ from typing import Annotated, Any
 import typer
 
 
-def _connect(kubeconfig: Path | None) -> Any:
+def connect_kubernetes(kubeconfig: Path | None) -> Any:
     try:
         from kubernetes import client, config
     except ImportError:
@@ -25,8 +25,9 @@ def _connect(kubeconfig: Path | None) -> Any:
         raise typer.Exit(2) from None
     if kubeconfig is not None:
         os.environ["KUBECONFIG"] = str(kubeconfig)  # kopf's login reads it too
-    try:
-        if kubeconfig is not None or os.environ.get("KUBECONFIG"):
+    try:  # as kubectl: --kubeconfig, KUBECONFIG, ~/.kube/config; in a pod, its service account
+        default = Path(config.KUBE_CONFIG_DEFAULT_LOCATION).expanduser()
+        if kubeconfig is not None or os.environ.get("KUBECONFIG") or default.exists():
             config.load_kube_config(config_file=str(kubeconfig) if kubeconfig else None)
         else:
             config.load_incluster_config()
@@ -44,7 +45,9 @@ def agent(
     state_dir: Annotated[Path, typer.Option(help="Where offsets survive restarts (hostPath).")]
     = Path("/var/lib/kcover"),
     kubeconfig: Annotated[Path | None, typer.Option(help="Kubeconfig (default: in-cluster).")] = None,
-    health_interval: Annotated[float, typer.Option(help="Seconds between health-check runs; 0 = off.")] = 300.0,
+    health_interval: Annotated[float, typer.Option(help="Seconds between periodic health-check runs; 0 = off "
+                                                        "(suites requested with `kcover check --node` still run).")]
+    = 300.0,
     health_suite: Annotated[str, typer.Option(help="Health suite to run periodically.")] = "quick",
     health_config: Annotated[Path | None, typer.Option(help="Health thresholds file (merged over defaults).")]
     = None,
@@ -55,18 +58,16 @@ def agent(
     from kcover.k8s.agent.loop import Agent
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    api = _connect(kubeconfig)
+    api = connect_kubernetes(kubeconfig)
     kernel = kmsg if kmsg is not None and str(kmsg) not in ("", ".") and kmsg.exists() else None
-    health: Any = None
-    if health_interval > 0:
-        from kcover.health import HealthConfigError
-        from kcover.k8s.agent.health import HealthLoop
+    from kcover.health import HealthConfigError
+    from kcover.k8s.agent.health import HealthLoop
 
-        try:
-            health = HealthLoop(api, node, health_interval, health_suite, health_config, release_after)
-        except (HealthConfigError, ValueError, KeyError) as error:
-            typer.echo(f"kcover: {error}", err=True)
-            raise typer.Exit(2) from None
+    try:  # periodic runs only with an interval; suites requested with `kcover check --node` always
+        health = HealthLoop(api, node, max(0.0, health_interval), health_suite, health_config, release_after)
+    except (HealthConfigError, ValueError, KeyError) as error:
+        typer.echo(f"kcover: {error}", err=True)
+        raise typer.Exit(2) from None
     if metrics_port:
         from prometheus_client import start_http_server
 
@@ -74,8 +75,7 @@ def agent(
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    if health is not None:
-        threading.Thread(target=health.run, args=(stop,), name="health", daemon=True).start()
+    threading.Thread(target=health.run, args=(stop,), name="health", daemon=True).start()
     Agent(api, node, log_root, kernel, state_dir).run(stop)
 
 
@@ -90,7 +90,7 @@ def operator(
     kubeconfig: Annotated[Path | None, typer.Option(help="Kubeconfig (default: in-cluster).")] = None,
 ) -> None:
     """Recovery operator: restart, quarantine or fail opted-in jobs by their root cause."""
-    _connect(kubeconfig)
+    connect_kubernetes(kubeconfig)
     from kcover.k8s.operator.main import Config, run
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -104,7 +104,7 @@ def status(
     """Opted-in jobs (state, restarts, last root cause) and the nodes kcover quarantined."""
     from kcover.k8s.status import collect_status, print_status
 
-    api = _connect(kubeconfig)
+    api = connect_kubernetes(kubeconfig)
     report = collect_status(api)
     if as_json:
         typer.echo(json.dumps(report, indent=2))

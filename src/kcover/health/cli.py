@@ -10,6 +10,7 @@ container.  Registered in :mod:`kcover.cli.main`.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -18,6 +19,8 @@ import typer
 from kcover.health import registry
 from kcover.health.config import HealthConfigError, load_config
 from kcover.health.model import CheckResult, HealthReport, Status
+from kcover.health.nvidia_smi import NvidiaSmiReportError, load_report
+from kcover.health.nvml import NvmlApi
 from kcover.health.pairwise import PairwiseSetupError
 from kcover.health.preflight import PreflightResult, run_preflight
 from kcover.health.registry import CheckContext
@@ -32,6 +35,8 @@ SkipOption = Annotated[list[str] | None, typer.Option("--skip", help="Leave out 
 SuiteOption = Annotated[str, typer.Option("--suite", help="Suite from the configuration: quick or full.")]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
 DirOption = Annotated[Path | None, typer.Option("--checkpoint-dir", help="Path the storage checks test.")]
+ReportOption = Annotated[Path | None, typer.Option(
+    "--nvidia-smi-xml", help="Judge the GPUs of a saved `nvidia-smi -q -x` report instead of this machine's.")]
 
 
 def _fail_usage(message: str) -> typer.Exit:
@@ -63,6 +68,12 @@ def check(
     suite: SuiteOption = "quick",
     config: ConfigOption = None,
     checkpoint_dir: DirOption = None,
+    nvidia_smi_xml: ReportOption = None,
+    node: Annotated[str | None, typer.Option(
+        "--node", help="Run the suite on this Kubernetes node, by its kcover agent, and wait for the result.")] = None,
+    kubeconfig: Annotated[Path | None, typer.Option(help="With --node: kubeconfig (default: KUBECONFIG, "
+                                                         "~/.kube/config, in-cluster).")] = None,
+    timeout: Annotated[float, typer.Option(help="With --node: seconds to wait for the agent's answer.")] = 900.0,
     list_checks: Annotated[bool, typer.Option("--list", help="List the registered checks and exit.")] = False,
 ) -> None:
     """Check this node's health: GPUs, DCGM, compute, collectives, storage, network."""
@@ -79,13 +90,56 @@ def check(
         raise _fail_usage(f"invalid health configuration: {exc}") from None
     except KeyError as exc:
         raise _fail_usage(str(exc.args[0])) from None
+    if node is not None:
+        if only or skip or nvidia_smi_xml or checkpoint_dir or config:
+            raise _fail_usage("--node runs a whole suite as that node's agent is configured: "
+                              "--only, --skip, --config, --checkpoint-dir and --nvidia-smi-xml do not apply")
+        _check_remote(node, suite, kubeconfig, timeout, as_json)
     if checkpoint_dir is not None:
         cfg = cfg.model_copy(update={"storage": cfg.storage.model_copy(update={"path": str(checkpoint_dir)})})
+    nvml: Callable[[], NvmlApi] | None = None
+    if nvidia_smi_xml is not None:
+        try:
+            saved = load_report(nvidia_smi_xml)
+        except NvidiaSmiReportError as exc:
+            raise _fail_usage(str(exc)) from None
+        nvml = lambda: saved  # noqa: E731
     printer = _printer(not as_json)
-    report = run_checks(names, CheckContext(cfg), on_result=printer if callable(printer) else None)
+    report = run_checks(names, CheckContext(cfg, nvml=nvml), on_result=printer if callable(printer) else None)
     if as_json:
         typer.echo(json.dumps(report.to_dict(), indent=2))
     else:
+        _summary(report)
+    raise typer.Exit(0 if report.ok else 1)
+
+
+def _check_remote(node: str, suite: str, kubeconfig: Path | None, timeout: float, as_json: bool) -> None:
+    """``kcover check --node``: the agent on ``node`` runs ``suite``; print its results like a local run."""
+    from kcover.cli.k8s_cmd import connect_kubernetes
+
+    api = connect_kubernetes(kubeconfig)
+    from kcover.k8s.health_request import NoSuchNodeError, request_suite
+
+    try:
+        record = request_suite(api, node, suite, timeout)
+    except NoSuchNodeError as exc:
+        raise _fail_usage(str(exc)) from None
+    if record is None:
+        typer.echo(f"kcover: no answer from the kcover agent on node {node} within {timeout:g} s (is it running "
+                   "there?); the request was withdrawn", err=True)
+        raise typer.Exit(1)
+    if record.get("error"):
+        raise _fail_usage(f"node {node}: {record['error']}")
+    report = HealthReport(node, tuple(
+        CheckResult(c["name"], Status(c["status"]), c.get("reason", ""), c.get("value"), c.get("unit", ""),
+                    c.get("threshold"), c.get("seconds", 0.0)) for c in record.get("checks", [])))
+    if as_json:
+        typer.echo(json.dumps({**report.to_dict(), "suite": suite, "at": record.get("at")}, indent=2))
+    else:
+        printer = _printer(True)
+        for result in report.checks:
+            if callable(printer):
+                printer(result)
         _summary(report)
     raise typer.Exit(0 if report.ok else 1)
 

@@ -36,9 +36,9 @@ Pair = tuple[int, int]
 class PairwiseSpec:
     """How much work one pairing does (small on CPU; bigger on GPUs) and what counts as slow."""
 
-    matmul_size: int = 384
+    matmul_size: int = 768  # compute must dominate an iteration, or a slow device hides behind the network
     iterations: int = 10
-    allreduce_bytes: int = 1 << 20
+    allreduce_bytes: int = 256 << 10
     factor: float = 2.0
     timeout_s: float = 120.0
 
@@ -95,6 +95,7 @@ def _work(torch: Any, group: Any, spec: PairwiseSpec, slowdown: float) -> float:
 
     a = torch.randn(spec.matmul_size, spec.matmul_size)
     product = a @ a
+    message = torch.ones(max(1, spec.allreduce_bytes // 4))
     timed_allreduce(torch, spec.allreduce_bytes, 1, group=group)  # warm-up of this pair's group
     started = time.perf_counter()
     for _ in range(spec.iterations):
@@ -102,7 +103,7 @@ def _work(torch: Any, group: Any, spec: PairwiseSpec, slowdown: float) -> float:
         torch.mm(a, a, out=product)
         if slowdown > 1:  # a throttled device: the same work takes longer, without using more host CPU
             time.sleep((slowdown - 1) * (time.perf_counter() - begun))
-        torch.distributed.all_reduce(product, group=group)
+        torch.distributed.all_reduce(message, group=group)
     return time.perf_counter() - started
 
 

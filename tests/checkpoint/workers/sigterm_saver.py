@@ -3,7 +3,9 @@
 Usage: ``sigterm_saver.py DIR SHM MODE [RANK STORE]``.  MODE ``sleep``: the main
 thread sleeps in Python; ``handler``: the script has its own SIGTERM handler
 (exit 7), which must still run; ``barrier``: rank 0 blocks in a gloo barrier
-that rank 1 never joins — native code, where no Python handler can run.
+that rank 1 never joins — native code, where no Python handler can run;
+``overlap``: step 2 (256 MiB of large tensors) is saved with
+``overlap=optimizer``, so its copy is still running when "ready" is printed.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 import torch
-from tests.checkpoint.states import make_state
+from tests.checkpoint.states import OVERLAP_SCALE, make_state
 
 from kcover.checkpoint import Checkpointer
 
@@ -37,10 +39,13 @@ if mode == "barrier":
         time.sleep(600)
 
 torch.set_num_threads(1)
+scale = OVERLAP_SCALE if mode == "overlap" else 1
 checkpointer = Checkpointer(directory, shared_memory=shm, rank=0, world_size=1)
-checkpointer.save(1, make_state(1))
+checkpointer.save(1, make_state(1, scale))
 checkpointer.wait()
-checkpointer.save(2, make_state(2), persist=False)
+optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+checkpointer.save(2, make_state(2, scale), persist=False, overlap=optimizer if mode == "overlap" else None)
+print(f"copy in flight: {checkpointer.busy}", file=sys.stderr, flush=True)
 print("ready", flush=True)
 if mode == "barrier":
     dist.barrier()

@@ -2,7 +2,8 @@
 
 Each check reads every GPU through :mod:`kcover.health.nvml` and judges the
 readings with a pure function (``judge_*``), which the tests drive with
-recorded readings.  A check reports the worst GPU: its value, the threshold
+recorded readings (real ``nvidia-smi -q -x`` reports among them).  Without
+``nvidia-ml-py`` the readings come from running ``nvidia-smi``.  A check reports the worst GPU: its value, the threshold
 and a reason naming the GPU index.  Without NVML (no driver, no GPU, no
 ``nvidia-ml-py``) the checks are ``skipped`` — except ``gpu.inventory`` when a
 GPU count is expected: then a missing driver is a failure.  ``gpu.xid`` reads
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from kcover.health.config import GpuConfig
 from kcover.health.model import Outcome, Status
+from kcover.health.nvidia_smi import open_nvidia_smi
 from kcover.health.nvml import GpuReading, NvmlApi, NvmlUnavailableError, PynvmlApi, read_gpus
 from kcover.health.registry import CheckContext, register
 
@@ -23,8 +25,13 @@ Judge = Callable[[list[GpuReading], GpuConfig], Outcome]
 
 
 def open_nvml(ctx: CheckContext) -> NvmlApi:
-    """The NVML session for this run (``ctx.nvml`` in tests, the real ``pynvml`` otherwise)."""
-    return ctx.nvml() if ctx.nvml is not None else PynvmlApi()
+    """The NVML session for this run: ``ctx.nvml`` (a saved report, tests), else ``pynvml``, else ``nvidia-smi``."""
+    if ctx.nvml is not None:
+        return ctx.nvml()
+    try:
+        return PynvmlApi()
+    except NvmlUnavailableError as exc:
+        return open_nvidia_smi(str(exc))
 
 
 def expected_count(ctx: CheckContext) -> int | None:

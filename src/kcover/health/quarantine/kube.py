@@ -196,19 +196,30 @@ class KubeQuarantine:
             name, {"status": {"conditions": [condition]}}, _content_type="application/strategic-merge-patch+json"
         )
 
-    def record_report(self, name: str, report: HealthReport) -> None:
-        """Keep the run's every result on the node (annotation ``kcover.io/health``), for ``kcover status``."""
+    def record_report(self, name: str, report: HealthReport, suite: str | None = None,
+                      request: str | None = None) -> None:
+        """Keep the run's every result on the node (annotation ``kcover.io/health``), for ``kcover status``
+        and for ``kcover check --node`` (which waits for its ``request`` id there)."""
         checks = [{"name": r.name, "status": str(r.status), "value": r.value, "unit": r.unit,
-                   "reason": r.reason[:200]} for r in report.checks]
-        record = {"at": _rfc3339(self.clock()), "status": str(report.status), "checks": checks}
+                   "threshold": r.threshold, "reason": r.reason[:200], "seconds": round(r.seconds, 3)}
+                  for r in report.checks]
+        record: dict[str, Any] = {"at": _rfc3339(self.clock()), "status": str(report.status), "checks": checks}
+        if suite is not None:
+            record["suite"] = suite
+        if request is not None:
+            record["request"] = request
+        self.record(name, record)
+
+    def record(self, name: str, record: dict[str, Any]) -> None:
         body = {"metadata": {"annotations": {ANNOTATION_HEALTH: json.dumps(record, separators=(",", ":"))}}}
         self.core.patch_node(name, body, _content_type="application/merge-patch+json")
 
     # --- the agent's entry point ---------------------------------------------------------------
 
-    def observe(self, name: str, report: HealthReport) -> Decision:
+    def observe(self, name: str, report: HealthReport, suite: str | None = None,
+                request: str | None = None) -> Decision:
         """Apply one health run of node ``name``: record, condition, then quarantine / count / release per policy."""
-        self.record_report(name, report)
+        self.record_report(name, report, suite, request)
         failed = report.failed
         problem = "; ".join(f"{r.name}: {r.reason}" for r in failed)
         self.set_condition(

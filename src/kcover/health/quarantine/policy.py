@@ -27,6 +27,7 @@ ANNOTATION_QUARANTINED = "kcover.io/quarantined"  # value: the reason; presence 
 ANNOTATION_SINCE = "kcover.io/quarantined-at"  # RFC 3339, for the circuit breaker
 ANNOTATION_PASSES = "kcover.io/health-passes"  # consecutive passing runs while quarantined
 ANNOTATION_HEALTH = "kcover.io/health"  # JSON: the agent's last health run, every check (``kcover status``)
+ANNOTATION_HEALTH_REQUEST = "kcover.io/health-request"  # "<suite>/<id>": run this suite now (``kcover check --node``)
 TAINT_KEY = "kcover.io/quarantine"
 CONDITION_TYPE = "KcoverHealthy"
 
