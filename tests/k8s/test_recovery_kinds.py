@@ -15,6 +15,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import pytest
 from kubernetes import client
 from tests.k8s.conftest import Processes, indexed_job, wait_until
 from tests.k8s.test_recovery_e2e import REMOTE, XID, leader, recovery, start_kcover
@@ -72,10 +73,20 @@ def test_a_batch_job_whose_pods_crashed_is_restarted(
         test_cluster: TestCluster, k8s_api: Any, test_namespace: str, gpu_nodes: list[str],
         kcover_processes: Processes, tmp_path: Path) -> None:
     batch = client.BatchV1Api(k8s_api)
-    batch.create_namespaced_job(test_namespace, indexed_job("crashed", test_namespace, 4))
+    old_uid = batch.create_namespaced_job(test_namespace, indexed_job("crashed", test_namespace, 4)).metadata.uid
     recover_from_a_node_fault(test_cluster, k8s_api, test_namespace, gpu_nodes, kcover_processes, tmp_path,
                         "batch.kubernetes.io/job-name=crashed", 4,
                         partial(recovery, batch, test_namespace, "crashed"), crash=True)
+    new_uid = batch.read_namespaced_job("crashed", test_namespace).metadata.uid
+    assert new_uid != old_uid
+    core = client.CoreV1Api(k8s_api)
+
+    def on_new_job() -> list[str]:
+        return [e.message for e in core.list_namespaced_event(test_namespace).items
+                if e.involved_object.uid == new_uid and e.reason == "KcoverRestart"]
+
+    messages = wait_until(on_new_job, 10, "a KcoverRestart event on the new Job (kubectl describe shows it)")
+    assert len(messages) == 1 and messages[0].startswith("created again by kcover: restart 1/3"), messages
 
 
 def test_a_node_its_preflight_refused_is_excluded(
@@ -113,22 +124,38 @@ def test_a_leader_that_dies_between_deleting_and_creating_the_job_loses_nothing(
     assert len(evidence) == 1 and [o.uid for o in evidence[0].metadata.owner_references] == [new_uid]
 
 
+def jobset(name: str, namespace: str, crashes_ignored: bool = False) -> dict[str, Any]:
+    pod_spec = {"restartPolicy": "Never", "nodeSelector": {"kcover-test": namespace}, "containers": [CONTAINER]}
+    job_spec: dict[str, Any] = {"parallelism": 2, "completions": 2, "completionMode": "Indexed", "backoffLimit": 0,
+                                "template": {"spec": pod_spec}}
+    if crashes_ignored:  # as a batch Job must have it: a crashed rank does not fail its Job
+        job_spec["podFailurePolicy"] = {"rules": [{"action": "Ignore",
+                                                   "onExitCodes": {"operator": "NotIn", "values": [0]}}]}
+    return {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+            "metadata": {"name": name, "labels": {"kcover.io/cascading-recovery": "true"}},
+            "spec": {"replicatedJobs": [{"name": "workers", "replicas": 2, "template": {"spec": job_spec}}]}}
+
+
+@pytest.mark.parametrize("crash", [False, True], ids=["running", "pods-crashed"])
 def test_a_jobset_is_restarted_through_its_controller(
         jobset_controller: TestCluster, k8s_api: Any, test_namespace: str, gpu_nodes: list[str],
-        kcover_processes: Processes, tmp_path: Path) -> None:
-    custom = client.CustomObjectsApi(k8s_api)
-    pod_spec = {"restartPolicy": "Never", "nodeSelector": {"kcover-test": test_namespace}, "containers": [CONTAINER]}
-    jobset = {
-        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
-        "metadata": {"name": "js", "labels": {"kcover.io/cascading-recovery": "true"}},
-        "spec": {"replicatedJobs": [{"name": "workers", "replicas": 2, "template": {"spec": {
-            "parallelism": 2, "completions": 2, "completionMode": "Indexed", "backoffLimit": 0,
-            "template": {"spec": pod_spec}}}}]},
-    }
-    custom.create_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", test_namespace, "jobsets", jobset)
+        kcover_processes: Processes, tmp_path: Path, crash: bool) -> None:
+    """With crashed pods the child Jobs are renewed: the Job controller would hold their new pods back
+    (10 s × 2^(n−1) after n failed pods, up to 6 min) and forgets that only when a Job is deleted."""
+    custom, batch = client.CustomObjectsApi(k8s_api), client.BatchV1Api(k8s_api)
+    custom.create_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", test_namespace, "jobsets",
+                                           jobset("js", test_namespace, crashes_ignored=crash))
+    selector = "jobset.sigs.k8s.io/jobset-name=js"
+
+    def children() -> set[str]:
+        return {j.metadata.uid for j in batch.list_namespaced_job(test_namespace, label_selector=selector).items}
+
+    before = wait_until(lambda: (c := children()) and len(c) == 2 and c, 30, "2 child Jobs")
     recover_from_a_node_fault(jobset_controller, k8s_api, test_namespace, gpu_nodes, kcover_processes, tmp_path,
-                        "jobset.sigs.k8s.io/jobset-name=js", 4,
-                        lambda: custom_recovery(custom, "jobsets", test_namespace, "js"))
+                        selector, 4, lambda: custom_recovery(custom, "jobsets", test_namespace, "js"), crash=crash)
+    after = children()
+    assert len(after) == 2
+    assert after.isdisjoint(before) is crash  # crashed: all renewed; running: the same two, suspended and resumed
 
 
 def test_a_pytorchjob_is_restarted_through_the_training_operator(

@@ -15,7 +15,9 @@ finish it exactly once:
    emergency checkpoint: a Job or JobSet is suspended (its controller stops
    them, see :mod:`kcover.k8s.kinds`), a PyTorchJob's pods are deleted with a
    grace period, and a batch Job whose pods failed is replaced by a new Job
-   (``method: recreate``, see :mod:`kcover.k8s.operator.recreate`);
+   (``method: recreate``, see :mod:`kcover.k8s.operator.recreate`) — for a
+   JobSet whose pods failed, its child Jobs are deleted while it is suspended
+   and its controller creates them afresh (``method: renew-children``);
 5. **done** — ``phase: running`` (a suspended job is resumed, and its
    controller starts fresh pods).
 
@@ -153,6 +155,24 @@ class Actuator:
         """Native restart, first half: suspend (the job's controller stops every pod)."""
         step = {**recovery, "step": "suspended"}
         self.patch_job(job, {**job.kind.suspend_patch(True), "metadata": {"annotations": {RECOVERY: json.dumps(step)}}})
+
+    def delete_child_jobs(self, job: JobView) -> int:
+        """A suspended JobSet whose pods failed: delete its child Jobs, which its controller creates afresh.
+
+        The Job controller delays a Job's new pods after failed ones (10 s × 2^(n−1), up to 6 min) and
+        only forgets that when the Job is deleted; the JobSet controller recreates missing child Jobs.
+        """
+        deleted = 0
+        for child in self.batch.list_namespaced_job(job.namespace, label_selector=job.kind.selector(job.name)).items:
+            if not any(ref.uid == job.uid for ref in child.metadata.owner_references or []):
+                continue
+            try:
+                self.batch.delete_namespaced_job(child.metadata.name, job.namespace, propagation_policy="Background")
+                deleted += 1
+            except ApiException as error:
+                if error.status != 404:
+                    raise
+        return deleted
 
     def finish_restart(self, job: JobView, recovery: dict[str, Any]) -> None:
         patch: dict[str, Any] = {"metadata": {"annotations": {RECOVERY: json.dumps(completed(recovery)),

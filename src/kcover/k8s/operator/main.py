@@ -27,7 +27,7 @@ from kcover.explain import default_matcher
 from kcover.faults import Role
 from kcover.health.quarantine.kube import KubeQuarantine
 from kcover.health.quarantine.policy import QuarantinePolicy, Verdict
-from kcover.k8s.kinds import BATCH_JOB, KINDS
+from kcover.k8s.kinds import BATCH_JOB, JOBSET, KINDS
 from kcover.k8s.operator import metrics
 from kcover.k8s.operator.actuate import Actuator, Conflict
 from kcover.k8s.operator.assess import Assessment, assess, state_to
@@ -231,7 +231,7 @@ def _act(actuator: Actuator, job: JobView, assessment: Assessment, policy: JobPo
     not_before = (dt.datetime.now(dt.UTC) + dt.timedelta(seconds=decision.delay)).strftime("%Y-%m-%dT%H:%M:%SZ")
     exclude = decision.excluded if policy.quarantine else ()
     crashed = any(p.phase == "Failed" and p.name in assessment.failing_pods for p in WORLD.pods_of(job))
-    method = "recreate" if job.kind is BATCH_JOB and crashed else "native"
+    method = {BATCH_JOB: "recreate", JOBSET: "renew-children"}.get(job.kind, "native") if crashed else "native"
     recovery = actuator.claim_restart(job, state_to(state), verdict, decision.reason, not_before,
                                       WORLD.pods_of(job), assessment.failing_pods, exclude, method)
     failpoint("after-claim")
@@ -279,6 +279,8 @@ def _resume(actuator: Actuator, job: JobView, recovery: dict[str, Any], policy: 
             return True
         if any(p.uid in replaced and p.phase not in ("Failed", "Succeeded") for p in pods):
             return True  # the job's controller is still stopping the old pods
+        if recovery.get("method") == "renew-children":
+            actuator.delete_child_jobs(job)
         deleted = len(replaced)
     else:
         deleted = actuator.delete_pods(pods, list(replaced), policy.grace_period)
@@ -322,9 +324,13 @@ def _recreate(actuator: Actuator, job: JobView, recovery: dict[str, Any], starte
 
 def _finish_recreations(actuator: Actuator) -> None:
     done, waiting = actuator.recreator.finish_pending()
-    for namespace, name in done:
+    for body in done:
+        job = job_view(BATCH_JOB.kind, body)
+        recovery = job.recovery()
         metrics.RESTARTS.labels(BATCH_JOB.kind).inc()
-        log.info("Job %s/%s: restart done, the Job was created again", namespace, name)
+        log.info("Job %s/%s: restart done, the Job was created again", job.namespace, job.name)
+        actuator.event(job, "KcoverRestart", f"created again by kcover: {recovery.get('last', {}).get('decision', '')}"
+                       " (earlier kcover events are on the replaced Job)", warning=True)
     WORLD.recreating = waiting > 0
 
 

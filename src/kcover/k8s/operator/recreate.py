@@ -104,9 +104,9 @@ class Recreator:
             if error.status != 404:
                 raise
 
-    def finish_pending(self) -> tuple[list[tuple[str, str]], int]:
-        """Step 3 for every saved Job whose old object is gone: the (namespace, name) recreated, and how many wait."""
-        done: list[tuple[str, str]] = []
+    def finish_pending(self) -> tuple[list[dict[str, Any]], int]:
+        """Step 3 for every saved Job whose old object is gone: the Jobs created again, and how many wait."""
+        done: list[dict[str, Any]] = []
         waiting = 0
         for saved in self.core.list_config_map_for_all_namespaces(label_selector=PENDING_LABEL).items:
             namespace, manifest = saved.metadata.namespace, json.loads(saved.data["job.json"])
@@ -122,7 +122,8 @@ class Recreator:
                     if error.status != 409:
                         raise
                 current = self.read(namespace, name)
-                done.append((namespace, name))
+                if current is not None:
+                    done.append(current)
                 log.info("Job %s/%s: created again", namespace, name)
             if current is not None:
                 self._own_evidence(namespace, name, current["metadata"]["uid"])
