@@ -28,8 +28,8 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "agent": ("kcover.cli.k8s_cmd", "agent", {}),
     "operator": ("kcover.cli.k8s_cmd", "operator", {}),
     "status": ("kcover.cli.k8s_cmd", "status", {}),
-    "check": ("kcover.health.cli", "check", {}),
-    "preflight": ("kcover.health.cli", "preflight", {}),
+    "check": ("kcover.cli.check_cmd", "check", {}),
+    "preflight": ("kcover.cli.check_cmd", "preflight", {}),
 }
 
 def _root(

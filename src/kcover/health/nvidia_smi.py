@@ -14,7 +14,7 @@ carries every reading the GPU checks use except NVLink state.
 
 A reading the report gives as ``N/A`` (or leaves out) answers "not
 supported", as NVML would.  Used by :mod:`kcover.health.checks.gpu` and
-:mod:`kcover.health.cli`.
+:mod:`kcover.cli.check_cmd`.
 """
 
 from __future__ import annotations

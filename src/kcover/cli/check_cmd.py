@@ -2,7 +2,9 @@
 
 ``kcover check`` prints a table (or ``--json``: ``{"node", "checks": [...]}``)
 and exits 0 when nothing failed, 1 when a check failed (or broke), 2 on a
-usage error (unknown check, bad configuration).  ``kcover preflight`` is the
+usage error (unknown check, bad configuration).  With ``--node`` the suite
+runs on that Kubernetes node, by its kcover agent
+(:mod:`kcover.k8s.health_request`), and prints the same way.  ``kcover preflight`` is the
 same gate as :func:`kcover.health.preflight.run_preflight`, meant for an init
 container.  Registered in :mod:`kcover.cli.main`.
 """
