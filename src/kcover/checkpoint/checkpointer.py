@@ -24,7 +24,8 @@ training loop: they are logged and kept in ``last_error``.
 
 Called by training scripts, usually as ``Checkpointer()`` under ``kcover run``
 (the dir comes from ``KCOVER_CHECKPOINT_DIR``, rank and world size from
-``RANK`` / ``WORLD_SIZE``).
+``RANK`` / ``WORLD_SIZE``, the snapshot folder from ``KCOVER_SHARED_MEMORY``,
+default ``/dev/shm``).
 """
 
 from __future__ import annotations
@@ -59,6 +60,16 @@ DEFAULT_SHARED_MEMORY = "/dev/shm"
 OVERLAP_BELOW = 1 << 20  # with save(overlap=…), tensors smaller than this are copied before save returns
 
 
+def shared_memory_dir(given: str | os.PathLike[str] | None) -> Path | None:
+    """Where snapshots go: ``given``; for the default, ``KCOVER_SHARED_MEMORY`` when set (e.g. a hostPath on
+    Kubernetes, so that a snapshot outlives its pod)."""
+    if given is None:
+        return None
+    if str(given) == DEFAULT_SHARED_MEMORY:
+        return Path(os.environ.get("KCOVER_SHARED_MEMORY") or DEFAULT_SHARED_MEMORY)
+    return Path(given)
+
+
 def snapshot_path(shared_memory: Path, directory: Path, rank: int, job_id: str | None = None) -> Path:
     """The shared-memory file of ``rank``'s snapshot: stable across restarts of the same job."""
     digest = hashlib.sha1((job_id or str(directory.absolute())).encode()).hexdigest()[:16]
@@ -68,10 +79,11 @@ def snapshot_path(shared_memory: Path, directory: Path, rank: int, job_id: str |
 def remove_snapshots(directory: str | os.PathLike[str], shared_memory: str | os.PathLike[str] = DEFAULT_SHARED_MEMORY,
                      job_id: str | None = None) -> list[Path]:
     """Delete every rank's shared-memory snapshot of a job (call when the job is finished)."""
-    example = snapshot_path(Path(shared_memory), Path(directory), 0, job_id)
+    folder = shared_memory_dir(shared_memory) or Path(DEFAULT_SHARED_MEMORY)
+    example = snapshot_path(folder, Path(directory), 0, job_id)
     prefix = example.name[: -len("00000.img")]
     removed = []
-    for path in Path(shared_memory).glob(prefix + "*.img"):
+    for path in folder.glob(prefix + "*.img"):
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
             removed.append(path)
@@ -137,8 +149,12 @@ class Checkpointer:
         self.last_persist_seconds = 0.0
         self.skipped = 0
         shm: Path | None = None
-        if shared_memory is not None and Path(shared_memory).is_dir():
-            shm = snapshot_path(Path(shared_memory), self.directory, self.rank, job_id)
+        folder = shared_memory_dir(shared_memory)
+        if folder is not None and folder.is_dir():
+            shm = snapshot_path(folder, self.directory, self.rank, job_id)
+        elif folder is not None:
+            log.warning("kcover checkpoint: shared-memory folder %s does not exist; snapshots go to private "
+                        "memory (no instant restore after a restart)", folder)
         self._buffer = SnapshotBuffer(shm)
         self._token = _dir_token(self.directory)
         self._lock = threading.Lock()
