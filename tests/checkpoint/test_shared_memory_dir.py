@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -36,3 +38,21 @@ def test_a_missing_snapshot_folder_is_said_and_the_disk_still_works(
     with Checkpointer(tmp_path / "ckpt", rank=0, world_size=1, emergency_save=False) as restarted:
         restored = restarted.load_latest()
         assert restored is not None and (restored.step, restored.source) == (1, "disk")
+
+
+def test_every_save_stamps_the_snapshot_and_a_swept_one_comes_back(tmp_path: Path, shm_dir: Path) -> None:
+    """The node agent deletes snapshot files no job saved for long; a live writer recovers on its next save."""
+    with Checkpointer(tmp_path, shared_memory=shm_dir, rank=0, world_size=1, emergency_save=False) as checkpointer:
+        checkpointer.save(1, make_state(1), persist=False)
+        (snapshot,) = shm_dir.iterdir()
+        os.utime(snapshot, (1_000_000_000, 1_000_000_000))
+        checkpointer.save(2, make_state(2), persist=False)  # written in place: same file, fresh stamp
+        assert time.time() - snapshot.stat().st_mtime < 60
+        snapshot.unlink()  # what the agent's sweep does
+        checkpointer.save(3, make_state(3), persist=False)  # not into the deleted file: a new one at the name
+        assert snapshot.exists()
+    with Checkpointer(tmp_path, shared_memory=shm_dir, rank=0, world_size=1, emergency_save=False) as restarted:
+        restored = restarted.load_latest()
+        assert restored is not None and (restored.step, restored.source) == (3, "memory")
+        assert_state(restored.state, make_state(3))
+        del restored

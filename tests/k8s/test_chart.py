@@ -85,3 +85,15 @@ def _exists(rbac: client.RbacAuthorizationV1Api, doc: dict[str, Any]) -> bool:
     except client.exceptions.ApiException:
         return False
     return True
+
+
+def test_the_agent_daemonset_frees_the_snapshot_folder_it_mounts(test_cluster: TestCluster, k8s_api: Any,
+                                                                 test_namespace: str) -> None:
+    (daemonset,) = [d for d in render(test_cluster, test_namespace) if d["kind"] == "DaemonSet"]
+    pod = daemonset["spec"]["template"]["spec"]
+    args = pod["containers"][0]["args"]
+    folder = args[args.index("--snapshot-dir") + 1]
+    assert folder == "/dev/shm/kcover" and args[args.index("--snapshot-max-age") + 1] == "86400"
+    assert {"name": "snapshots", "mountPath": folder} in pod["containers"][0]["volumeMounts"]
+    assert {"name": "snapshots", "hostPath": {"path": folder, "type": "DirectoryOrCreate"}} in pod["volumes"]
+    client.AppsV1Api(k8s_api).create_namespaced_daemon_set(test_namespace, daemonset, dry_run="All")

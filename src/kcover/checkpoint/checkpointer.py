@@ -243,6 +243,7 @@ class Checkpointer:
         try:
             commit_snapshot(region, plan, devices)
             self._buffer.publish(region)
+            self._buffer.touch()
             self._unpersisted = (step, plan.total)
         finally:
             self._lock.release()

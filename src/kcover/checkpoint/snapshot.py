@@ -10,7 +10,9 @@ tmpfs mapping that cannot get a page would kill the process with SIGBUS; a
 reservation fails cleanly with ENOSPC — and the file is written under a
 temporary name and renamed over the old one only once its snapshot is
 committed, so at every instant the canonical name holds a complete snapshot
-or none.  A file is reused in place for the next snapshot (one buffer: peak
+or none.  Each commit stamps the file's modification time (the node agent
+deletes snapshots no job saved for long); a file deleted under a live writer is
+not reused: the next snapshot goes to a new one.  A file is reused in place for the next snapshot (one buffer: peak
 extra memory is one state size) except while tensors restored from it — copy-
 on-write views of the file — are still alive: then the next snapshot goes to a
 new file (:meth:`SnapshotBuffer.freeze`).
@@ -47,6 +49,7 @@ class Region:
     def __init__(self, size: int, path: Path | None = None, create: bool = False) -> None:
         self.path, self.size, self._map = path, size, None
         self._pinned = False
+        self.inode = 0
         if path is None:
             self.tensor = torch.empty(size, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
             return
@@ -60,6 +63,7 @@ class Region:
                         raise
                     os.ftruncate(fd, size)
             self._map = mmap.mmap(fd, size, flags=mmap.MAP_SHARED)
+            self.inode = os.fstat(fd).st_ino
         finally:
             os.close(fd)
         self.tensor = torch.frombuffer(self._map, dtype=torch.uint8)
@@ -125,7 +129,8 @@ class SnapshotBuffer:
         """A buffer of at least ``size`` bytes to write the next snapshot into (raises CheckpointWriteError)."""
         current = self.current
         in_use = self._views is not None and self._views() is not None
-        if current is not None and not in_use and size <= current.size <= max(2 * size, size + (64 << 20)):
+        if current is not None and not in_use and self._named(current) \
+                and size <= current.size <= max(2 * size, size + (64 << 20)):
             return current
         if self._next is not None and size <= self._next.size <= max(2 * size, size + (64 << 20)):
             return self._next
@@ -145,6 +150,15 @@ class SnapshotBuffer:
             ) from None
         return self._next
 
+    def _named(self, region: Region) -> bool:
+        """Is ``region`` still the file at the canonical name (not deleted by the node agent's sweep)?"""
+        if region.path is None:
+            return True
+        try:
+            return region.path.stat().st_ino == region.inode
+        except OSError:
+            return False
+
     def publish(self, region: Region) -> None:
         """``region`` now holds a committed snapshot: make it the current one (atomically, by rename)."""
         if region is self.current:
@@ -155,6 +169,12 @@ class SnapshotBuffer:
         if self.current is not None:
             self.current.close()
         self.current, self._next, self._views = region, None, None
+
+    def touch(self) -> None:
+        """Stamp the committed snapshot file with now: the node agent frees files no job saved for long."""
+        if self.path is not None and self.current is not None:
+            with contextlib.suppress(OSError):
+                os.utime(self.path)
 
     def use_private(self) -> None:
         """Give up shared memory for this process (it was full or missing)."""

@@ -53,6 +53,11 @@ def agent(
     = None,
     release_after: Annotated[int, typer.Option(help="Passing runs before kcover releases its quarantine.")] = 3,
     metrics_port: Annotated[int | None, typer.Option(help="Serve Prometheus metrics on this port.")] = None,
+    snapshot_dir: Annotated[Path | None, typer.Option(help="The node's checkpoint-snapshot folder (the trainers' "
+                                                           "KCOVER_SHARED_MEMORY hostPath) to free memory in.")]
+    = None,
+    snapshot_max_age: Annotated[float, typer.Option(help="Seconds without a save after which a snapshot there "
+                                                         "is deleted.")] = 86400.0,
 ) -> None:
     """Node agent: classify container and kernel logs, run health checks, report to the API."""
     from kcover.k8s.agent.loop import Agent
@@ -76,6 +81,11 @@ def agent(
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     threading.Thread(target=health.run, args=(stop,), name="health", daemon=True).start()
+    if snapshot_dir is not None:
+        from kcover.k8s.agent.snapshots import sweep_forever
+
+        threading.Thread(target=sweep_forever, args=(snapshot_dir, snapshot_max_age, stop), name="snapshots",
+                         daemon=True).start()
     Agent(api, node, log_root, kernel, state_dir).run(stop)
 
 
