@@ -140,6 +140,7 @@ def test_check_node_runs_the_requested_suite_by_that_nodes_agent(
     core.patch_node(node, {"metadata": {"annotations": {"kcover.io/health-request": "nightly/abc123"}}})
     record = wait_until(lambda: health_record(core, node, "abc123"), 20, "the agent's answer")
     assert "unknown health suite 'nightly'" in record["error"]
+    assert [c["name"] for c in record["checks"]] == ["storage.free"]  # the last run stays for `kcover status`
     wait_until(lambda: request_annotation(core, node) is None, 10, "the refused request withdrawn")
 
     unanswered = kcover_check_node(test_cluster, idle, "--timeout", "1.5")  # no agent runs there

@@ -17,11 +17,13 @@ path — and removes the request (only if it is still the same one).
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from kubernetes import client, watch
 from prometheus_client import Counter, Gauge
@@ -29,7 +31,7 @@ from prometheus_client import Counter, Gauge
 from kcover.health import CheckContext, load_config, run_checks, select_checks
 from kcover.health.model import HealthReport
 from kcover.health.quarantine.kube import KubeQuarantine
-from kcover.health.quarantine.policy import ANNOTATION_HEALTH_REQUEST, QuarantinePolicy, Verdict
+from kcover.health.quarantine.policy import ANNOTATION_HEALTH, ANNOTATION_HEALTH_REQUEST, QuarantinePolicy, Verdict
 from kcover.health.registry import names as check_names
 from kcover.k8s.health_request import withdraw_request
 
@@ -84,13 +86,20 @@ class HealthLoop:
         try:
             if suite in self.config.suites:
                 self.run_once(suite, request or None)
-            else:
+            else:  # answered on the last run's record, which `kcover status` keeps showing
                 known = ", ".join(sorted(self.config.suites))
-                self.quarantine.record(self.node, {"status": "error", "suite": suite, "request": request,
-                                                   "error": f"unknown health suite {suite!r}; known: {known}",
-                                                   "checks": []})
+                self.quarantine.record(self.node, {**self._last_record(), "request": request,
+                                                   "error": f"unknown health suite {suite!r}; known: {known}"})
         finally:
             self.requests.withdraw(value)
+
+    def _last_record(self) -> dict[str, Any]:
+        raw = (self.core.read_node(self.node).metadata.annotations or {}).get(ANNOTATION_HEALTH, "")
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            return {}
+        return record if isinstance(record, dict) else {}
 
     def run(self, stop: threading.Event) -> None:
         threading.Thread(target=self.requests.run, args=(stop,), name="health-requests", daemon=True).start()
