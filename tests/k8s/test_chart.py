@@ -87,7 +87,7 @@ def _exists(rbac: client.RbacAuthorizationV1Api, doc: dict[str, Any]) -> bool:
     return True
 
 
-def test_the_agent_daemonset_frees_the_snapshot_folder_it_mounts(test_cluster: TestCluster, k8s_api: Any,
+def test_the_agent_daemonset_reads_nvml_and_frees_the_snapshot_folder(test_cluster: TestCluster, k8s_api: Any,
                                                                  test_namespace: str) -> None:
     (daemonset,) = [d for d in render(test_cluster, test_namespace) if d["kind"] == "DaemonSet"]
     pod = daemonset["spec"]["template"]["spec"]
@@ -96,4 +96,7 @@ def test_the_agent_daemonset_frees_the_snapshot_folder_it_mounts(test_cluster: T
     assert folder == "/dev/shm/kcover" and args[args.index("--snapshot-max-age") + 1] == "86400"
     assert {"name": "snapshots", "mountPath": folder} in pod["containers"][0]["volumeMounts"]
     assert {"name": "snapshots", "hostPath": {"path": folder, "type": "DirectoryOrCreate"}} in pod["volumes"]
+    env = {item["name"]: item.get("value") for item in pod["containers"][0]["env"]}
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all" and env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"  # NVML, no GPU
+    assert "runtimeClassName" not in pod
     client.AppsV1Api(k8s_api).create_namespaced_daemon_set(test_namespace, daemonset, dry_run="All")
