@@ -116,12 +116,13 @@ def test_a_leader_that_dies_between_deleting_and_creating_the_job_loses_nothing(
                                                                            "crashed"), crash=True, identity="op-b")
     assert doomed.poll() == 86, "the first leader died at the failpoint"
     assert leader(coordination, test_namespace) == "op-b"
-    assert not client.CoreV1Api(k8s_api).list_namespaced_config_map(
-        test_namespace, label_selector="kcover.io/recreate-for").items
-    evidence = client.CoreV1Api(k8s_api).list_namespaced_config_map(
-        test_namespace, label_selector="kcover.io/evidence-for=crashed").items
+    core = client.CoreV1Api(k8s_api)
+    # the new Job's pods may run before the leader has handed the evidence over and dropped the saved manifest
+    wait_until(lambda: not core.list_namespaced_config_map(test_namespace, label_selector="kcover.io/recreate-for")
+               .items, 10, "the saved manifest dropped")
+    evidence = core.list_namespaced_config_map(test_namespace, label_selector="kcover.io/evidence-for=crashed").items
     new_uid = batch.read_namespaced_job("crashed", test_namespace).metadata.uid
-    assert len(evidence) == 1 and [o.uid for o in evidence[0].metadata.owner_references] == [new_uid]
+    assert len(evidence) == 1 and [o.uid for o in evidence[0].metadata.owner_references or []] == [new_uid]
 
 
 def jobset(name: str, namespace: str, crashes_ignored: bool = False) -> dict[str, Any]:
