@@ -139,7 +139,7 @@ def test_check_node_runs_the_requested_suite_by_that_nodes_agent(
     # A suite the agent does not know (its configuration differs from this client's): answered as an error
     core.patch_node(node, {"metadata": {"annotations": {"kcover.io/health-request": "nightly/abc123"}}})
     record = wait_until(lambda: health_record(core, node, "abc123"), 20, "the agent's answer")
-    assert "unknown health suite 'nightly'" in record["error"]
+    assert "unknown health suite 'nightly'" in record["error"] and record["usage_error"] is True
     assert [c["name"] for c in record["checks"]] == ["storage.free"]  # the last run stays for `kcover status`
     wait_until(lambda: request_annotation(core, node) is None, 10, "the refused request withdrawn")
 

@@ -9,13 +9,13 @@ Space for a new file is reserved with ``posix_fallocate`` — writing into a
 tmpfs mapping that cannot get a page would kill the process with SIGBUS; a
 reservation fails cleanly with ENOSPC — and the file is written under a
 temporary name and renamed over the old one only once its snapshot is
-committed, so at every instant the canonical name holds a complete snapshot
-or none.  Each commit stamps the file's modification time (the node agent
-deletes snapshots no job saved for long); a file deleted under a live writer is
-not reused: the next snapshot goes to a new one.  A file is reused in place for the next snapshot (one buffer: peak
-extra memory is one state size) except while tensors restored from it — copy-
-on-write views of the file — are still alive: then the next snapshot goes to a
-new file (:meth:`SnapshotBuffer.freeze`).
+committed, so at every instant the canonical name holds a complete snapshot or
+none.  Each commit stamps the file's modification time (the node agent deletes
+snapshots no job saved for long); a file deleted under a live writer is not
+reused: the next snapshot goes to a new one.  A file is reused in place for the
+next snapshot (one buffer: peak extra memory is one state size) except while
+tensors restored from it — copy-on-write views of the file — are still alive:
+then the next snapshot goes to a new file (:meth:`SnapshotBuffer.freeze`).
 
 When CUDA is present the mapping is registered as pinned memory, so
 device→host copies run asynchronously at full bus speed and are awaited once.

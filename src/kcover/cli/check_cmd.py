@@ -1,12 +1,12 @@
 """``kcover check`` and ``kcover preflight``: run the health checks from the command line.
 
 ``kcover check`` prints a table (or ``--json``: ``{"node", "checks": [...]}``)
-and exits 0 when nothing failed, 1 when a check failed (or broke), 2 on a
-usage error (unknown check, bad configuration).  With ``--node`` the suite
-runs on that Kubernetes node, by its kcover agent
-(:mod:`kcover.k8s.health_request`), and prints the same way.  ``kcover preflight`` is the
-same gate as :func:`kcover.health.preflight.run_preflight`, meant for an init
-container.  Registered in :mod:`kcover.cli.main`.
+and exits 0 when nothing failed, 1 when a check failed (or broke), 2 on a usage
+error (unknown check, bad configuration).  With ``--node`` the suite runs on
+that Kubernetes node, by its kcover agent (:mod:`kcover.k8s.health_request`),
+and prints the same way.  ``kcover preflight`` is the same gate as
+:func:`kcover.health.preflight.run_preflight`, meant for an init container.
+Registered in :mod:`kcover.cli.main`.
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def _check_remote(node: str, suite: str, kubeconfig: Path | None, timeout: float
     """``kcover check --node``: the agent on ``node`` runs ``suite``; print its results like a local run."""
     from kcover.cli.k8s_cmd import connect_kubernetes
 
-    api = connect_kubernetes(kubeconfig)
+    api = connect_kubernetes(kubeconfig)  # first: without the k8s extra it says so and exits 2
     from kcover.k8s.health_request import NoSuchNodeError, request_suite
 
     try:
@@ -131,7 +131,8 @@ def _check_remote(node: str, suite: str, kubeconfig: Path | None, timeout: float
                    "there?); the request was withdrawn", err=True)
         raise typer.Exit(1)
     if record.get("error"):
-        raise _fail_usage(f"node {node}: {record['error']}")
+        typer.echo(f"kcover: node {node}: {record['error']}", err=True)
+        raise typer.Exit(USAGE if record.get("usage_error") else 1)
     report = HealthReport(node, tuple(
         CheckResult(c["name"], Status(c["status"]), c.get("reason", ""), c.get("value"), c.get("unit", ""),
                     c.get("threshold"), c.get("seconds", 0.0)) for c in record.get("checks", [])))

@@ -39,7 +39,7 @@ from kcover.health.nvml import (
 
 NOT_SUPPORTED = {"error": "NotSupported"}
 RUN_TIMEOUT_SECONDS = 30.0
-# the report spells two reasons differently from NVML's constants
+# the report spells one reason differently from kcover's NVML names
 _REASON_BITS = {name: bit for bit, name in THROTTLE_BITS.items()} | {"display_clocks_setting": 0x100}
 _REASON_PREFIXES = ("clocks_event_reason_", "clocks_throttle_reason_")
 

@@ -3,11 +3,12 @@
 Each check reads every GPU through :mod:`kcover.health.nvml` and judges the
 readings with a pure function (``judge_*``), which the tests drive with
 recorded readings (real ``nvidia-smi -q -x`` reports among them).  Without
-``nvidia-ml-py`` the readings come from running ``nvidia-smi``.  A check reports the worst GPU: its value, the threshold
-and a reason naming the GPU index.  Without NVML (no driver, no GPU, no
-``nvidia-ml-py``) the checks are ``skipped`` — except ``gpu.inventory`` when a
-GPU count is expected: then a missing driver is a failure.  ``gpu.xid`` reads
-the kernel log with kcover's own fault catalog.
+``nvidia-ml-py`` the readings come from running ``nvidia-smi``.  A check
+reports the worst GPU: its value, the threshold and a reason naming the GPU
+index.  Without NVML (no driver, no GPU, no ``nvidia-ml-py``) the checks are
+``skipped`` — except ``gpu.inventory`` when a GPU count is expected: then a
+missing driver is a failure.  ``gpu.xid`` reads the kernel log with kcover's
+own fault catalog.
 """
 
 from __future__ import annotations

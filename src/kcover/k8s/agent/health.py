@@ -86,12 +86,19 @@ class HealthLoop:
         try:
             if suite in self.config.suites:
                 self.run_once(suite, request or None)
-            else:  # answered on the last run's record, which `kcover status` keeps showing
+            else:
                 known = ", ".join(sorted(self.config.suites))
-                self.quarantine.record(self.node, {**self._last_record(), "request": request,
-                                                   "error": f"unknown health suite {suite!r}; known: {known}"})
+                self._refuse(request, f"unknown health suite {suite!r}; known: {known}", usage=True)
+        except Exception as exc:
+            self._refuse(request, f"the {suite} suite could not run: {exc}", usage=False)  # nobody left waiting
+            raise
         finally:
             self.requests.withdraw(value)
+
+    def _refuse(self, request: str, error: str, usage: bool) -> None:
+        """Answer ``request`` with an error, on the last run's record (which `kcover status` keeps showing)."""
+        self.quarantine.record(self.node, {**self._last_record(), "request": request, "error": error,
+                                           "usage_error": usage})
 
     def _last_record(self) -> dict[str, Any]:
         raw = (self.core.read_node(self.node).metadata.annotations or {}).get(ANNOTATION_HEALTH, "")
