@@ -26,3 +26,10 @@ def test_the_training_job_example_is_valid_and_opted_in(k8s_api: Any, test_names
     env = {item["name"]: item.get("value") for item in trainer["env"]}
     mounts = {item["mountPath"] for item in trainer["volumeMounts"]}
     assert env["KCOVER_SHARED_MEMORY"] in mounts and env["KCOVER_CHECKPOINT_DIR"].startswith("/ckpt/")
+    preflight = job["spec"]["template"]["spec"]["initContainers"][0]
+    gate = {item["name"]: item.get("value") for item in preflight["env"]}
+    assert preflight["command"][:3] == ["kcover", "preflight", "--pairwise"]
+    assert {"NODE_RANK", "NNODES", "MASTER_ADDR", "MASTER_PORT"} <= set(gate)  # what --pairwise needs
+    assert gate["NNODES"] == str(job["spec"]["completions"])
+    assert gate["MASTER_ADDR"].split(".") == [f"{job['metadata']['name']}-0", service["metadata"]["name"]]
+    assert service["spec"]["publishNotReadyAddresses"] is True  # init containers run before readiness
