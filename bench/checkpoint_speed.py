@@ -232,7 +232,7 @@ def measure_restore(state: Any, ckpt_dir: Path, job: str, step: int, repeats: in
         gc.collect()
     remove_snapshots(ckpt_dir, job_id=job)
     from_disk = Checkpointer(ckpt_dir, shared_memory=None, emergency_save=False)
-    figures = {"shm_load": median(loads), "shm_load_into": median(loads_into),
+    figures = {"shm_load": median(loads), "shm_load_into": median(loads_into), "shm_first_into": loads_into[0],
                "disk_load": median([timed(from_disk.load_latest) for _ in range(repeats)])}
     from_disk.close()
     return figures
@@ -313,6 +313,9 @@ def run(size: int, folder: Path, repeats: int) -> list[tuple[str, str, str, bool
         ("restore from shm into the model", f"{load['shm_load_into']:.3f} s vs torch.load (warm) + copy "
          f"{base['torch_load_into']:.2f} s", f"{base['torch_load_into'] / load['shm_load_into']:.1f}× faster (≥ 3×)",
          base["torch_load_into"] / load["shm_load_into"] >= 3),
+        ("  the first restore after the save", f"{load['shm_first_into']:.3f} s vs torch.load (warm) + copy "
+         f"{base['torch_load_into']:.2f} s", f"{base['torch_load_into'] / load['shm_first_into']:.1f}× (reported)",
+         True),
         ("  same vs plain memcpy of the bytes",
          f"{load['shm_load_into']:.3f} s vs bytearray copy {base['memcpy']:.3f} s",
          f"{base['memcpy'] / load['shm_load_into']:.2f} of memcpy speed (≥ 0.50)",
