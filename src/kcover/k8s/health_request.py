@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from kubernetes import client
@@ -36,13 +37,18 @@ def withdraw_request(core: client.CoreV1Api, node: str, value: str) -> None:
             raise
 
 
-def _answer(core: client.CoreV1Api, node: str, request: str) -> dict[str, Any] | None:
-    raw = (core.read_node(node).metadata.annotations or {}).get(ANNOTATION_HEALTH)
+def health_record(annotations: Mapping[str, str] | None) -> dict[str, Any] | None:
+    """The agent's last health record on a node (annotation ``kcover.io/health``), or None."""
     try:
-        record = json.loads(raw) if raw else None
-    except ValueError:
+        record = json.loads((annotations or {})[ANNOTATION_HEALTH])
+    except (KeyError, ValueError):
         return None
-    return record if isinstance(record, dict) and record.get("request") == request else None
+    return record if isinstance(record, dict) else None
+
+
+def _answer(core: client.CoreV1Api, node: str, request: str) -> dict[str, Any] | None:
+    record = health_record(core.read_node(node).metadata.annotations)
+    return record if record is not None and record.get("request") == request else None
 
 
 def request_suite(api: client.ApiClient, node: str, suite: str, timeout: float,

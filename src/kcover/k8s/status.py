@@ -17,7 +17,8 @@ from rich.console import Console
 from rich.table import Table
 
 from kcover.health.quarantine.kube import KubeQuarantine
-from kcover.health.quarantine.policy import ANNOTATION_HEALTH, ANNOTATION_QUARANTINED, ANNOTATION_SINCE
+from kcover.health.quarantine.policy import ANNOTATION_QUARANTINED, ANNOTATION_SINCE
+from kcover.k8s.health_request import health_record
 from kcover.k8s.kinds import BATCH_JOB, KINDS
 from kcover.k8s.names import OPT_IN_LABEL, OPT_IN_VALUE, RECOVERY, STATE
 
@@ -54,19 +55,11 @@ def _jobs(api: client.ApiClient) -> list[dict[str, Any]]:
     return found
 
 
-def _health(annotations: dict[str, str]) -> dict[str, Any] | None:
-    try:
-        record = json.loads(annotations[ANNOTATION_HEALTH])
-    except (KeyError, ValueError):
-        return None
-    return record if isinstance(record, dict) else None
-
-
 def collect_status(api: client.ApiClient) -> dict[str, Any]:
     nodes = KubeQuarantine(client.CoreV1Api(api)).nodes()
     quarantined = {n.name: {"reason": n.annotations.get(ANNOTATION_QUARANTINED),
                             "since": n.annotations.get(ANNOTATION_SINCE)} for n in nodes if n.quarantined_by_kcover}
-    health = {n.name: record for n in nodes if (record := _health(n.annotations)) is not None}
+    health = {n.name: record for n in nodes if (record := health_record(n.annotations)) is not None}
     return {"jobs": _jobs(api), "quarantined_nodes": quarantined, "node_health": health}
 
 

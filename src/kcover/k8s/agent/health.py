@@ -17,13 +17,11 @@ path — and removes the request (only if it is still the same one).
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 from kubernetes import client, watch
 from prometheus_client import Counter, Gauge
@@ -31,9 +29,9 @@ from prometheus_client import Counter, Gauge
 from kcover.health import CheckContext, load_config, run_checks, select_checks
 from kcover.health.model import HealthReport
 from kcover.health.quarantine.kube import KubeQuarantine
-from kcover.health.quarantine.policy import ANNOTATION_HEALTH, ANNOTATION_HEALTH_REQUEST, QuarantinePolicy, Verdict
+from kcover.health.quarantine.policy import ANNOTATION_HEALTH_REQUEST, QuarantinePolicy, Verdict
 from kcover.health.registry import names as check_names
-from kcover.k8s.health_request import withdraw_request
+from kcover.k8s.health_request import health_record, withdraw_request
 
 log = logging.getLogger("kcover.agent.health")
 
@@ -97,16 +95,9 @@ class HealthLoop:
 
     def _refuse(self, request: str, error: str, usage: bool) -> None:
         """Answer ``request`` with an error, on the last run's record (which `kcover status` keeps showing)."""
-        self.quarantine.record(self.node, {**self._last_record(), "request": request, "error": error,
+        last = health_record(self.core.read_node(self.node).metadata.annotations) or {}
+        self.quarantine.record(self.node, {**last, "request": request, "error": error,
                                            "usage_error": usage})
-
-    def _last_record(self) -> dict[str, Any]:
-        raw = (self.core.read_node(self.node).metadata.annotations or {}).get(ANNOTATION_HEALTH, "")
-        try:
-            record = json.loads(raw)
-        except ValueError:
-            return {}
-        return record if isinstance(record, dict) else {}
 
     def run(self, stop: threading.Event) -> None:
         threading.Thread(target=self.requests.run, args=(stop,), name="health-requests", daemon=True).start()
