@@ -15,6 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+NO_PROGRESS_RULE = "job.no-progress"
+"""The catalog rule of a hang: built directly by the hang detectors, never parsed back from text."""
+
 
 class Category(StrEnum):
     """What kind of fault this is; decides who must act (operator, vendor, user)."""
@@ -66,6 +69,7 @@ class Evidence:
     timestamp: str | None = None
     rank: int | None = None
     node: str | None = None
+    step: int | None = None  # the last training step reported, for a hang (a recurring hang is deterministic)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from kubernetes import client as k8s
 
 from kcover.health.model import CheckResult, HealthReport, Status
 from kcover.health.quarantine.kube import KubeQuarantine
-from kcover.health.quarantine.policy import ANNOTATION_PASSES, ANNOTATION_QUARANTINED, QuarantinePolicy, Verdict
+from kcover.health.quarantine.policy import ANNOTATION_PASSES, ANNOTATION_QUARANTINED, NodeAction, QuarantinePolicy
 from kcover.testing import TestCluster
 
 pytestmark = pytest.mark.timeout(120)
@@ -52,7 +52,7 @@ def test_fail_quarantines_and_passes_release(k8s_api: Any, node: str) -> None:
     )
     actuator = KubeQuarantine(core, QuarantinePolicy(release_after_passes=2, max_share=1.0))
 
-    assert actuator.observe(node, FAIL).verdict is Verdict.QUARANTINE
+    assert actuator.observe(node, FAIL).action is NodeAction.QUARANTINE
     seen = _node(k8s_api, node)
     assert seen.spec.unschedulable is True
     assert ("kcover.io/quarantine", "gpu.ecc", "NoSchedule") in _taints(seen)
@@ -64,11 +64,11 @@ def test_fail_quarantines_and_passes_release(k8s_api: Any, node: str) -> None:
     assert any(c.type == "Ready" for c in seen.status.conditions), "the kubelet's conditions are kept"
 
     first = actuator.observe(node, PASS)
-    assert (first.verdict, first.passes) == (Verdict.KEEP, 1)
+    assert (first.action, first.passes) == (NodeAction.KEEP, 1)
     assert _node(k8s_api, node).metadata.annotations[ANNOTATION_PASSES] == "1"
     assert actuator.observe(node, FAIL).passes == 0, "a failure resets the count"
-    assert actuator.observe(node, PASS).verdict is Verdict.KEEP
-    assert actuator.observe(node, PASS).verdict is Verdict.RELEASE
+    assert actuator.observe(node, PASS).action is NodeAction.KEEP
+    assert actuator.observe(node, PASS).action is NodeAction.RELEASE
 
     released = _node(k8s_api, node)
     assert not released.spec.unschedulable
@@ -81,8 +81,8 @@ def test_foreign_cordon_is_never_touched(k8s_api: Any, node: str) -> None:
     core = k8s.CoreV1Api(k8s_api)
     core.patch_node(node, {"spec": {"unschedulable": True}})
     actuator = KubeQuarantine(core, QuarantinePolicy(max_share=1.0))
-    assert actuator.observe(node, FAIL).verdict is Verdict.REFUSED_FOREIGN_CORDON
-    assert actuator.release(node).verdict is Verdict.NONE
+    assert actuator.observe(node, FAIL).action is NodeAction.REFUSED_FOREIGN_CORDON
+    assert actuator.release(node).action is NodeAction.NONE
     seen = _node(k8s_api, node)
     assert seen.spec.unschedulable is True
     assert _taints(seen) == []
@@ -95,9 +95,9 @@ def test_circuit_breaker_refuses_beyond_share(test_cluster: TestCluster, k8s_api
     try:
         total = len(core.list_node().items)
         actuator = KubeQuarantine(core, QuarantinePolicy(max_share=1 / total, min_allowed=1))
-        assert actuator.observe(names[0], FAIL).verdict is Verdict.QUARANTINE
+        assert actuator.observe(names[0], FAIL).action is NodeAction.QUARANTINE
         second = actuator.observe(names[1], FAIL)
-        assert second.verdict is Verdict.REFUSED_BREAKER, second.reason
+        assert second.action is NodeAction.REFUSED_BREAKER, second.reason
         assert not _node(k8s_api, names[1]).spec.unschedulable
     finally:
         for name in names:

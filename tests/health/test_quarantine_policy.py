@@ -1,4 +1,4 @@
-"""The pure quarantine policy: every branch of decide() and the circuit breaker, as tables."""
+"""The pure quarantine policy: every branch of decide_node() and the circuit breaker, as tables."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from kcover.health.quarantine.policy import (
     ANNOTATION_PASSES,
     ANNOTATION_QUARANTINED,
     ANNOTATION_SINCE,
+    NodeAction,
     NodeView,
     QuarantinePolicy,
-    Verdict,
     breaker_allows,
-    decide,
+    decide_node,
 )
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
@@ -37,25 +37,26 @@ def healthy_nodes(count: int) -> list[NodeView]:
 @pytest.mark.parametrize(
     ("node", "healthy", "verdict", "passes"),
     [
-        pytest.param(NodeView("a"), True, Verdict.NONE, 0, id="healthy-stays"),
-        pytest.param(NodeView("a"), False, Verdict.QUARANTINE, 0, id="fail-quarantines"),
-        pytest.param(NodeView("a", unschedulable=True), False, Verdict.REFUSED_FOREIGN_CORDON, 0, id="foreign-cordon"),
-        pytest.param(NodeView("a", unschedulable=True), True, Verdict.NONE, 0, id="foreign-cordon-pass-untouched"),
-        pytest.param(quarantined("a", 0), True, Verdict.KEEP, 1, id="first-pass-counts"),
-        pytest.param(quarantined("a", 1), True, Verdict.KEEP, 2, id="second-pass-counts"),
-        pytest.param(quarantined("a", 2), True, Verdict.RELEASE, 3, id="third-pass-releases"),
-        pytest.param(quarantined("a", 2), False, Verdict.KEEP, 0, id="fail-resets-count"),
+        pytest.param(NodeView("a"), True, NodeAction.NONE, 0, id="healthy-stays"),
+        pytest.param(NodeView("a"), False, NodeAction.QUARANTINE, 0, id="fail-quarantines"),
+        pytest.param(NodeView("a", unschedulable=True), False, NodeAction.REFUSED_FOREIGN_CORDON, 0,
+                     id="foreign-cordon"),
+        pytest.param(NodeView("a", unschedulable=True), True, NodeAction.NONE, 0, id="foreign-cordon-pass-untouched"),
+        pytest.param(quarantined("a", 0), True, NodeAction.KEEP, 1, id="first-pass-counts"),
+        pytest.param(quarantined("a", 1), True, NodeAction.KEEP, 2, id="second-pass-counts"),
+        pytest.param(quarantined("a", 2), True, NodeAction.RELEASE, 3, id="third-pass-releases"),
+        pytest.param(quarantined("a", 2), False, NodeAction.KEEP, 0, id="fail-resets-count"),
     ],
 )
-def test_decide(node: NodeView, healthy: bool, verdict: Verdict, passes: int) -> None:
-    decision = decide(node, healthy, "gpu.ecc: 2 errors", [node, *healthy_nodes(7)], NOW, POLICY)
-    assert decision.verdict is verdict
+def test_decide(node: NodeView, healthy: bool, verdict: NodeAction, passes: int) -> None:
+    decision = decide_node(node, healthy, "gpu.ecc: 2 errors", [node, *healthy_nodes(7)], NOW, POLICY)
+    assert decision.action is verdict
     assert decision.passes == passes
 
 
 def test_disabled_policy_never_quarantines() -> None:
-    decision = decide(NodeView("a"), False, "x", healthy_nodes(8), NOW, QuarantinePolicy(enabled=False))
-    assert decision.verdict is Verdict.DISABLED
+    decision = decide_node(NodeView("a"), False, "x", healthy_nodes(8), NOW, QuarantinePolicy(enabled=False))
+    assert decision.action is NodeAction.DISABLED
 
 
 @pytest.mark.parametrize(
@@ -78,6 +79,6 @@ def test_circuit_breaker(recent: int, old: int, total: int, allowed: bool) -> No
 
 def test_breaker_refusal_is_a_decision() -> None:
     nodes = [quarantined("r0"), quarantined("r1"), *healthy_nodes(6)]
-    decision = decide(nodes[-1], False, "storage.fsync: slow", nodes, NOW, POLICY)
-    assert decision.verdict is Verdict.REFUSED_BREAKER
+    decision = decide_node(nodes[-1], False, "storage.fsync: slow", nodes, NOW, POLICY)
+    assert decision.action is NodeAction.REFUSED_BREAKER
     assert "circuit breaker" in decision.reason

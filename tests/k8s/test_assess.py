@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 
 from kcover import explain
+from kcover.classify.collector import FaultCollector
 from kcover.decide.policy import DecisionKind, RecoveryPolicy
 from kcover.explain import default_matcher
+from kcover.faults import NO_PROGRESS_RULE, Evidence, Fault
 from kcover.k8s import wire
 from kcover.k8s.operator.assess import assess, hung_step
 from kcover.k8s.operator.views import job_view, pod_view
@@ -14,8 +16,17 @@ from kcover.k8s.operator.views import job_view, pod_view
 HANG = "No training progress for 5 s (last step 30; timeout 3 s)"
 
 
-def pod(name: str, faults_text: str, node: str, phase: str = "Running") -> dict[str, object]:
-    faults = explain(faults_text, source=name).faults
+def hang_fault(name: str, step: int | None) -> Fault:
+    """The fault the node agent records for a hang: the rule by id, the step as a field."""
+    rule = next(r for r in default_matcher().rules if r.id == NO_PROGRESS_RULE)
+    fault = FaultCollector().add(rule, Evidence(source=f"{name}/progress", line=HANG, step=step))
+    assert fault is not None
+    return fault
+
+
+def pod(name: str, faults_text: str, node: str, phase: str = "Running", faults: list[Fault] | None = None,
+        ) -> dict[str, object]:
+    faults = faults if faults is not None else explain(faults_text, source=name).faults
     return {"metadata": {"uid": f"uid-{name}", "namespace": "ns", "name": name, "creationTimestamp": "t",
                          "labels": {"batch.kubernetes.io/job-name": "train"},
                          "annotations": {"kcover.io/faults": wire.encode(faults)}},
@@ -28,14 +39,18 @@ def job(recovery: dict[str, object] | None = None) -> dict[str, object]:
                          "labels": {"kcover.io/cascading-recovery": "true"}, "annotations": annotations}}
 
 
-def test_hang_step_is_read_from_the_agents_line() -> None:
-    assert hung_step(explain(HANG)) == 30
+def test_hang_step_travels_as_a_field_through_the_pod_annotation() -> None:
+    rules = default_matcher().rules
+    view = pod_view(pod("p0", "", "n0", faults=[hang_fault("p0", 30)]))
+    verdict = assess(job_view("Job", job()), [view], rules, RecoveryPolicy(min_nodes=1)).verdict
+    assert verdict is not None and hung_step(verdict) == 30
+    assert hung_step(explain(HANG)) is None, "the step is never parsed back out of the text"
     assert hung_step(explain("KeyError: 'x'")) is None
 
 
 def test_a_hang_at_the_same_step_twice_fails_the_job() -> None:
     rules = default_matcher().rules
-    pods = [pod_view(pod("p0", HANG, "n0")), pod_view(pod("p1", HANG, "n1"))]
+    pods = [pod_view(pod(f"p{i}", "", f"n{i}", faults=[hang_fault(f"p{i}", 30)])) for i in range(2)]
     first = assess(job_view("Job", job()), pods, rules, RecoveryPolicy(min_nodes=1))
     assert first.decision is not None and first.decision.kind is DecisionKind.RESTART
     again = assess(job_view("Job", job({"restarts": 1, "failures": [
@@ -68,10 +83,13 @@ def test_specs_that_defeat_a_restart_are_named() -> None:
 
 
 def test_cascade_only_evidence_waits_a_moment_for_the_cause() -> None:
-    import time
+    from tests.k8s.test_reconcile import FakeClock, fake_reconciler
 
-    from kcover.k8s.operator.main import CAUSE_GRACE_SECONDS, WORLD, _awaiting_cause
+    from kcover.k8s.operator.reconcile import CAUSE_GRACE_SECONDS
 
+    clock = FakeClock()
+    reconciler, _ = fake_reconciler(clock)
+    world, _awaiting_cause = reconciler.world, reconciler._awaiting_cause
     rules = default_matcher().rules
     nccl = ("[rank1]: torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, "
             "remote process exited or there was a network error, NCCL version 2.20.5")
@@ -79,11 +97,10 @@ def test_cascade_only_evidence_waits_a_moment_for_the_cause() -> None:
     view = job_view("Job", job())
     cascade = assess(view, [pod_view(pod("p1", nccl, "n1", "Failed"))], rules, RecoveryPolicy())
     assert cascade.failed
-    WORLD.failing_since.pop(view.key, None)
     assert _awaiting_cause(view, cascade), "the first look at cascade-only evidence waits"
-    WORLD.failing_since[view.key] = time.monotonic() - CAUSE_GRACE_SECONDS - 0.1
+    clock.advance(CAUSE_GRACE_SECONDS + 0.1)
     assert not _awaiting_cause(view, cascade), "but not past the grace"
-    WORLD.failing_since.pop(view.key, None)
+    world.failing_since.pop(view.key, None)
     rooted = assess(view, [pod_view(pod("p0", xid, "n0", "Failed")), pod_view(pod("p1", nccl, "n1", "Failed"))],
                     rules, RecoveryPolicy())
     assert not _awaiting_cause(view, rooted), "a root cause is acted on at once"

@@ -11,6 +11,7 @@ and :mod:`~kcover.health.quarantine` (cordon, taint, NodeCondition, release).
 Used by ``kcover check``, ``kcover preflight``, the launcher and the node agent.
 """
 
+from kcover.health import checks as _builtin  # noqa: F401 - importing registers the built-in checks
 from kcover.health.config import HealthConfig, HealthConfigError, load_config
 from kcover.health.model import CheckResult, HealthReport, Outcome, Status
 from kcover.health.registry import Check, CheckContext, register

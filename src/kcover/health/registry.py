@@ -1,7 +1,9 @@
 """The registry of health checks: a single-method protocol and a table by name.
 
 A check is any object with ``run(ctx) -> Outcome``.  Modules under
-:mod:`kcover.health.checks` register theirs at import with :func:`register`;
+:mod:`kcover.health.checks` register theirs at import with :func:`register`
+(the :mod:`kcover.health` package imports them, so the table is full before
+anyone looks; this module imports no check, so there is no import circle);
 the runner, the CLI (``--only``/``--skip``, ``--list``) and the configuration
 loader (which refuses unknown names in ``suites``) look them up here.  A
 plug-in adds a check by registering it before the run.
@@ -82,7 +84,6 @@ def remove(name: str) -> None:
 
 
 def get(name: str) -> CheckEntry:
-    _load_builtin()
     try:
         return _REGISTRY[name]
     except KeyError:
@@ -90,14 +91,9 @@ def get(name: str) -> CheckEntry:
 
 
 def names() -> frozenset[str]:
-    _load_builtin()
     return frozenset(_REGISTRY)
 
 
 def entries() -> list[CheckEntry]:
-    _load_builtin()
     return sorted(_REGISTRY.values(), key=lambda entry: entry.name)
 
-
-def _load_builtin() -> None:
-    import kcover.health.checks  # noqa: F401 - importing registers the built-in checks

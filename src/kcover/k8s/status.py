@@ -8,7 +8,6 @@ person with read access, sees the same.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from kubernetes import client
@@ -21,6 +20,7 @@ from kcover.health.quarantine.policy import ANNOTATION_QUARANTINED, ANNOTATION_S
 from kcover.k8s.health_request import health_record
 from kcover.k8s.kinds import BATCH_JOB, KINDS
 from kcover.k8s.names import OPT_IN_LABEL, OPT_IN_VALUE, RECOVERY, STATE
+from kcover.k8s.operator.record import FailureSummary, RecoveryRecord
 
 
 def _jobs(api: client.ApiClient) -> list[dict[str, Any]]:
@@ -41,16 +41,13 @@ def _jobs(api: client.ApiClient) -> list[dict[str, Any]]:
         for body in items:
             meta = body["metadata"]
             annotations = meta.get("annotations") or {}
-            try:
-                recovery = json.loads(annotations.get(RECOVERY, "{}"))
-            except ValueError:
-                recovery = {}
-            last = recovery.get("last") or {}
+            record = RecoveryRecord.from_annotation(annotations.get(RECOVERY))
+            last = record.last or FailureSummary()
             found.append({
                 "kind": kind.kind, "namespace": meta["namespace"], "name": meta["name"],
-                "state": annotations.get(STATE, "watching"), "restarts": recovery.get("restarts", 0),
-                "root_cause": last.get("category"), "rule": last.get("rule"), "nodes": last.get("nodes", []),
-                "reason": last.get("decision"),
+                "state": annotations.get(STATE, "watching"), "restarts": record.restarts,
+                "root_cause": last.category, "rule": last.rule, "nodes": list(last.nodes),
+                "reason": last.decision or None,
             })
     return found
 

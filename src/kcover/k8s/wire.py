@@ -26,7 +26,7 @@ def fault_record(fault: Fault) -> dict[str, Any]:
         "role": fault.role.value, "retriable": fault.retriable, "node_at_fault": fault.node_at_fault,
         "priority": fault.priority, "title": fault.title, "count": fault.count,
         "line": evidence.line[:MAX_LINE], "source": evidence.source, "line_number": evidence.line_number,
-        "timestamp": evidence.timestamp, "rank": evidence.rank, "node": evidence.node,
+        "timestamp": evidence.timestamp, "rank": evidence.rank, "node": evidence.node, "step": evidence.step,
     }
 
 
@@ -47,7 +47,7 @@ def decode(text: str | None, remediation: dict[str, str] | None = None) -> list[
         try:
             evidence = Evidence(source=str(record["source"]), line=str(record["line"]),
                                 line_number=record.get("line_number"), timestamp=record.get("timestamp"),
-                                rank=record.get("rank"), node=record.get("node"))
+                                rank=record.get("rank"), node=record.get("node"), step=_step(record.get("step")))
             faults.append(Fault(
                 rule=str(record["rule"]), category=Category(record["category"]),
                 severity=Severity(record["severity"]), retriable=bool(record["retriable"]),
@@ -59,3 +59,7 @@ def decode(text: str | None, remediation: dict[str, str] | None = None) -> list[
         except (KeyError, ValueError, TypeError):
             continue
     return faults
+
+
+def _step(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

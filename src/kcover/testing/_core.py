@@ -12,6 +12,7 @@ adds the helpers tests call (nodes, pods, RBAC identities, logs, tools).
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import os
 import secrets
@@ -21,7 +22,7 @@ import tempfile
 import threading
 import time
 import urllib.error
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -513,6 +514,29 @@ class ClusterCore:
         return wait_for(
             probe, timeout, what or getattr(probe, "__name__", "condition"), check=self.check
         )
+
+    def install_crds(self, paths: Iterable[Path], timeout: float = 30.0) -> list[str]:
+        """Create or update CRDs from YAML files and wait until each is Established."""
+        import yaml
+
+        names: list[str] = []
+        for path in paths:
+            for doc in yaml.safe_load_all(path.read_text()):
+                if not doc or doc.get("kind") != "CustomResourceDefinition":
+                    continue
+                name = doc["metadata"]["name"]
+                self.apply(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}", doc)
+                names.append(name)
+        for name in names:
+            self.wait_for(
+                functools.partial(self._crd_established, name), timeout, f"CRD {name} Established"
+            )
+        return names
+
+    def _crd_established(self, name: str) -> bool:
+        crd = self.api.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+        conditions = (crd.get("status") or {}).get("conditions") or []
+        return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
 
     def apply(self, path: str, body: JSON) -> JSON:
         """Server-side apply ``body`` at the object URL ``path`` (create or update)."""

@@ -109,29 +109,6 @@ class TestCluster(ClusterCore):
             check=False,
         )
 
-    def install_crds(self, paths: Iterable[Path], timeout: float = 30.0) -> list[str]:
-        """Create or update CRDs from YAML files and wait until each is Established."""
-        import yaml
-
-        names: list[str] = []
-        for path in paths:
-            for doc in yaml.safe_load_all(path.read_text()):
-                if not doc or doc.get("kind") != "CustomResourceDefinition":
-                    continue
-                name = doc["metadata"]["name"]
-                self.apply(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}", doc)
-                names.append(name)
-        for name in names:
-            self.wait_for(
-                functools.partial(self._crd_established, name), timeout, f"CRD {name} Established"
-            )
-        return names
-
-    def _crd_established(self, name: str) -> bool:
-        crd = self.api.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
-        conditions = (crd.get("status") or {}).get("conditions") or []
-        return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
-
     def create_nodes(
         self,
         count: int,

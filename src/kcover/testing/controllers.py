@@ -32,7 +32,7 @@ import yaml
 from kcover.testing import pki
 
 if TYPE_CHECKING:
-    from kcover.testing.cluster import TestCluster
+    from kcover.testing._core import ClusterCore
 
 __all__ = ["KNOWN", "start_controllers"]
 
@@ -69,7 +69,7 @@ def _webhook_configs(
     return docs
 
 
-def _apply_webhooks(cluster: TestCluster, docs: list[dict[str, Any]]) -> None:
+def _apply_webhooks(cluster: ClusterCore, docs: list[dict[str, Any]]) -> None:
     for doc in docs:
         plural = (
             "mutatingwebhookconfigurations"
@@ -82,7 +82,7 @@ def _apply_webhooks(cluster: TestCluster, docs: list[dict[str, Any]]) -> None:
         )
 
 
-def _wait_healthy(cluster: TestCluster, name: str, probe_port: int, timeout: float = 90.0) -> None:
+def _wait_healthy(cluster: ClusterCore, name: str, probe_port: int, timeout: float = 90.0) -> None:
     import urllib.error
     import urllib.request
 
@@ -98,7 +98,7 @@ def _wait_healthy(cluster: TestCluster, name: str, probe_port: int, timeout: flo
     cluster.wait_for(ready, timeout, f"{name} readyz on port {probe_port} (log: {comp.log_path})")
 
 
-def _data_files(cluster: TestCluster, name: str) -> tuple[list[Path], Path]:
+def _data_files(cluster: ClusterCore, name: str) -> tuple[list[Path], Path]:
     """The CRD files and webhook manifest the build copied for controller ``name``."""
     from kcover.testing.binaries import BinariesMissingError
 
@@ -119,7 +119,7 @@ def _write_certs(folder: Path, pair: pki.KeyPair) -> None:
     (folder / "tls.key").chmod(0o600)
 
 
-def _start_jobset(cluster: TestCluster) -> None:
+def _start_jobset(cluster: ClusterCore) -> None:
     from kcover.testing._process import free_port
 
     bins = cluster.binaries
@@ -167,7 +167,7 @@ def _start_jobset(cluster: TestCluster) -> None:
     _apply_webhooks(cluster, docs)
 
 
-def _start_training_operator(cluster: TestCluster) -> None:
+def _start_training_operator(cluster: ClusterCore) -> None:
     from kcover.testing._process import free_port
 
     bins = cluster.binaries
@@ -228,7 +228,7 @@ def _start_training_operator(cluster: TestCluster) -> None:
     _wait_healthy(cluster, "training-operator", probe_port)
 
 
-def start_controllers(cluster: TestCluster, names: Sequence[str]) -> None:
+def start_controllers(cluster: ClusterCore, names: Sequence[str]) -> None:
     """Start the named optional controllers (``jobset``, ``training-operator``)."""
     from kcover.testing.binaries import BinariesMissingError
 

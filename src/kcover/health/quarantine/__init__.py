@@ -12,12 +12,12 @@ kcover did it, the ``KcoverHealthy`` NodeCondition, release.  The node agent
 """
 
 from kcover.health.quarantine.policy import (
-    Decision,
+    NodeAction,
+    NodeDecision,
     NodeView,
     QuarantinePolicy,
-    Verdict,
     breaker_allows,
-    decide,
+    decide_node,
 )
 
-__all__ = ["Decision", "NodeView", "QuarantinePolicy", "Verdict", "breaker_allows", "decide"]
+__all__ = ["NodeAction", "NodeDecision", "NodeView", "QuarantinePolicy", "breaker_allows", "decide_node"]

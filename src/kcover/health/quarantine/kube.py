@@ -10,7 +10,7 @@ is a strategic merge patch of ``status.conditions`` (merged by type, other
 conditions untouched); ``lastTransitionTime`` changes only when the status does.
 
 Takes a ``kubernetes.client.CoreV1Api`` (the ``k8s`` extra); the decision is
-:func:`kcover.health.quarantine.policy.decide`.  Called by the node agent for
+:func:`kcover.health.quarantine.policy.decide_node`.  Called by the node agent for
 health results and by the operator for fault-driven quarantine.
 """
 
@@ -30,14 +30,15 @@ from kcover.health.quarantine.policy import (
     ANNOTATION_SINCE,
     CONDITION_TYPE,
     TAINT_KEY,
-    Decision,
+    NodeAction,
+    NodeDecision,
     NodeView,
     QuarantinePolicy,
     Taint,
-    Verdict,
     breaker_allows,
-    decide,
+    decide_node,
 )
+from kcover.timestamps import rfc3339
 
 CONFLICT = 409
 _RETRIES = 5
@@ -60,10 +61,6 @@ def node_view(node: Any) -> NodeView:
         taints=taints,
         annotations=dict(meta.get("annotations") or {}),
     )
-
-
-def _rfc3339(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class KubeQuarantine:
@@ -109,7 +106,7 @@ class KubeQuarantine:
                     raise
         raise RuntimeError(f"node {name}: still conflicting after {_RETRIES} attempts")
 
-    def quarantine(self, name: str, reason: str, *, force: bool = False) -> Decision:
+    def quarantine(self, name: str, reason: str, *, force: bool = False) -> NodeDecision:
         """Cordon, taint and annotate ``name`` — refused for a node someone else cordoned, or by the breaker.
 
         ``force`` skips the circuit breaker (an operator's explicit request), never the foreign-cordon rule.
@@ -118,15 +115,15 @@ class KubeQuarantine:
         if not force:
             allowed, why = breaker_allows(self.nodes(), now, self.policy)
             if not allowed:
-                return Decision(Verdict.REFUSED_BREAKER, why)
-        outcome: list[Decision] = []
+                return NodeDecision(NodeAction.REFUSED_BREAKER, why)
+        outcome: list[NodeDecision] = []
 
         def change(view: NodeView, taints: list[dict[str, Any]]) -> dict[str, Any] | None:
             if view.quarantined_by_kcover:
-                outcome.append(Decision(Verdict.KEEP, "already quarantined by kcover"))
+                outcome.append(NodeDecision(NodeAction.KEEP, "already quarantined by kcover"))
                 return None
             if view.unschedulable:
-                outcome.append(Decision(Verdict.REFUSED_FOREIGN_CORDON, "cordoned by someone else, untouched"))
+                outcome.append(NodeDecision(NodeAction.REFUSED_FOREIGN_CORDON, "cordoned by someone else, untouched"))
                 return None
             kept = [t for t in taints if t.get("key") != TAINT_KEY]
             ours = {"key": TAINT_KEY, "value": taint_value(reason.split(":", maxsplit=1)[0]), "effect": "NoSchedule"}
@@ -134,7 +131,7 @@ class KubeQuarantine:
                 "metadata": {
                     "annotations": {
                         ANNOTATION_QUARANTINED: reason[:1024],
-                        ANNOTATION_SINCE: _rfc3339(now),
+                        ANNOTATION_SINCE: rfc3339(now),
                         ANNOTATION_PASSES: "0",
                     }
                 },
@@ -142,16 +139,16 @@ class KubeQuarantine:
             }
 
         if self._patch(name, change):
-            return Decision(Verdict.QUARANTINE, reason)
+            return NodeDecision(NodeAction.QUARANTINE, reason)
         return outcome[0]
 
-    def release(self, name: str) -> Decision:
+    def release(self, name: str) -> NodeDecision:
         """Undo kcover's quarantine of ``name``; a node kcover did not quarantine is left alone."""
-        outcome: list[Decision] = []
+        outcome: list[NodeDecision] = []
 
         def change(view: NodeView, taints: list[dict[str, Any]]) -> dict[str, Any] | None:
             if not view.quarantined_by_kcover:
-                outcome.append(Decision(Verdict.NONE, "not quarantined by kcover, untouched"))
+                outcome.append(NodeDecision(NodeAction.NONE, "not quarantined by kcover, untouched"))
                 return None
             kept = [_api_taint(t) for t in taints if t.get("key") != TAINT_KEY]
             return {
@@ -162,7 +159,7 @@ class KubeQuarantine:
             }
 
         if self._patch(name, change):
-            return Decision(Verdict.RELEASE, "released")
+            return NodeDecision(NodeAction.RELEASE, "released")
         return outcome[0]
 
     def _set_passes(self, name: str, passes: int) -> None:
@@ -175,7 +172,7 @@ class KubeQuarantine:
 
     def set_condition(self, name: str, healthy: bool, reason: str, message: str) -> None:
         """Set ``KcoverHealthy`` (True/False) with a CamelCase reason and a message."""
-        now = _rfc3339(self.clock())
+        now = rfc3339(self.clock())
         status = "True" if healthy else "False"
         node = self.core.read_node_status(name).to_dict()
         previous = next(
@@ -183,7 +180,7 @@ class KubeQuarantine:
         )
         transition = now
         if previous and previous.get("status") == status and previous.get("last_transition_time"):
-            transition = _rfc3339(previous["last_transition_time"])
+            transition = rfc3339(previous["last_transition_time"])
         condition = {
             "type": CONDITION_TYPE,
             "status": status,
@@ -203,7 +200,7 @@ class KubeQuarantine:
         checks = [{"name": r.name, "status": str(r.status), "value": r.value, "unit": r.unit,
                    "threshold": r.threshold, "reason": r.reason[:200], "seconds": round(r.seconds, 3)}
                   for r in report.checks]
-        record: dict[str, Any] = {"at": _rfc3339(self.clock()), "status": str(report.status), "checks": checks}
+        record: dict[str, Any] = {"at": rfc3339(self.clock()), "status": str(report.status), "checks": checks}
         if suite is not None:
             record["suite"] = suite
         if request is not None:
@@ -217,7 +214,7 @@ class KubeQuarantine:
     # --- the agent's entry point ---------------------------------------------------------------
 
     def observe(self, name: str, report: HealthReport, suite: str | None = None,
-                request: str | None = None) -> Decision:
+                request: str | None = None) -> NodeDecision:
         """Apply one health run of node ``name``: record, condition, then quarantine / count / release per policy."""
         self.record_report(name, report, suite, request)
         failed = report.failed
@@ -230,15 +227,15 @@ class KubeQuarantine:
         )
         view, _, _ = self._read(name)
         needs_cluster = bool(failed) and not view.quarantined_by_kcover and not view.unschedulable
-        decision = decide(
+        decision = decide_node(
             view, not failed, problem, self.nodes() if needs_cluster else [view], self.clock(), self.policy
         )
-        if decision.verdict is Verdict.QUARANTINE:
+        if decision.action is NodeAction.QUARANTINE:
             reason = failed[0].name if len(failed) == 1 else f"{failed[0].name}+{len(failed) - 1}"
             return self.quarantine(name, f"{reason}: {failed[0].reason}", force=True)
-        if decision.verdict is Verdict.RELEASE:
+        if decision.action is NodeAction.RELEASE:
             self.release(name)
-        elif decision.verdict is Verdict.KEEP:
+        elif decision.action is NodeAction.KEEP:
             self._set_passes(name, decision.passes)
         return decision
 
@@ -250,5 +247,5 @@ def _api_taint(taint: dict[str, Any]) -> dict[str, Any]:
         out["value"] = taint["value"]
     if taint.get("time_added"):
         added = taint["time_added"]
-        out["timeAdded"] = _rfc3339(added) if isinstance(added, datetime) else added
+        out["timeAdded"] = rfc3339(added) if isinstance(added, datetime) else added
     return out

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 
+from kcover.timestamps import parse_rfc3339
+
 ANNOTATION_QUARANTINED = "kcover.io/quarantined"  # value: the reason; presence = kcover did it
 ANNOTATION_SINCE = "kcover.io/quarantined-at"  # RFC 3339, for the circuit breaker
 ANNOTATION_PASSES = "kcover.io/health-passes"  # consecutive passing runs while quarantined
@@ -32,8 +34,8 @@ TAINT_KEY = "kcover.io/quarantine"
 CONDITION_TYPE = "KcoverHealthy"
 
 
-class Verdict(StrEnum):
-    """What to do with the node (``decide``'s answer)."""
+class NodeAction(StrEnum):
+    """What to do with the node (``decide_node``'s answer)."""
 
     NONE = "none"  # healthy and not quarantined: only the condition is refreshed
     QUARANTINE = "quarantine"
@@ -79,16 +81,12 @@ class NodeView:
         return int(raw) if raw.isdigit() else 0
 
     def quarantined_since(self) -> datetime | None:
-        raw = self.annotations.get(ANNOTATION_SINCE)
-        try:
-            return datetime.fromisoformat(raw) if raw else None
-        except ValueError:
-            return None
+        return parse_rfc3339(self.annotations.get(ANNOTATION_SINCE))
 
 
 @dataclass(frozen=True)
-class Decision:
-    verdict: Verdict
+class NodeDecision:
+    action: NodeAction
     reason: str
     passes: int = 0  # the consecutive-pass count to store (quarantined nodes)
 
@@ -109,24 +107,26 @@ def breaker_allows(nodes: list[NodeView], now: datetime, policy: QuarantinePolic
     return True, f"{recent} of {len(nodes)} quarantined recently, limit {limit}"
 
 
-def decide(
+def decide_node(
     node: NodeView, healthy: bool, problem: str, cluster: list[NodeView], now: datetime, policy: QuarantinePolicy
-) -> Decision:
+) -> NodeDecision:
     """One decision for ``node`` after a health run (``healthy``; ``problem`` names what failed)."""
     if node.quarantined_by_kcover:
         if not healthy:
-            return Decision(Verdict.KEEP, f"still failing: {problem}", passes=0)
+            return NodeDecision(NodeAction.KEEP, f"still failing: {problem}", passes=0)
         passes = node.passes + 1
         if passes >= policy.release_after_passes:
-            return Decision(Verdict.RELEASE, f"{passes} consecutive passes", passes=passes)
-        return Decision(Verdict.KEEP, f"{passes} of {policy.release_after_passes} passes to release", passes=passes)
+            return NodeDecision(NodeAction.RELEASE, f"{passes} consecutive passes", passes=passes)
+        return NodeDecision(NodeAction.KEEP, f"{passes} of {policy.release_after_passes} passes to release",
+                            passes=passes)
     if healthy:
-        return Decision(Verdict.NONE, "healthy")
+        return NodeDecision(NodeAction.NONE, "healthy")
     if not policy.enabled:
-        return Decision(Verdict.DISABLED, f"unhealthy ({problem}); quarantine disabled by policy")
+        return NodeDecision(NodeAction.DISABLED, f"unhealthy ({problem}); quarantine disabled by policy")
     if node.unschedulable:
-        return Decision(Verdict.REFUSED_FOREIGN_CORDON, f"unhealthy ({problem}); cordoned by someone else, untouched")
+        return NodeDecision(NodeAction.REFUSED_FOREIGN_CORDON,
+                            f"unhealthy ({problem}); cordoned by someone else, untouched")
     allowed, why = breaker_allows(cluster, now, policy)
     if not allowed:
-        return Decision(Verdict.REFUSED_BREAKER, f"unhealthy ({problem}); {why}")
-    return Decision(Verdict.QUARANTINE, problem)
+        return NodeDecision(NodeAction.REFUSED_BREAKER, f"unhealthy ({problem}); {why}")
+    return NodeDecision(NodeAction.QUARANTINE, problem)

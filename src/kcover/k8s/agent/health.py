@@ -29,7 +29,7 @@ from prometheus_client import Counter, Gauge
 from kcover.health import CheckContext, load_config, run_checks, select_checks
 from kcover.health.model import HealthReport
 from kcover.health.quarantine.kube import KubeQuarantine
-from kcover.health.quarantine.policy import ANNOTATION_HEALTH_REQUEST, QuarantinePolicy, Verdict
+from kcover.health.quarantine.policy import ANNOTATION_HEALTH_REQUEST, NodeAction, QuarantinePolicy
 from kcover.health.registry import names as check_names
 from kcover.k8s.health_request import health_record, withdraw_request
 
@@ -72,9 +72,9 @@ class HealthLoop:
             CHECK_STATUS.labels(self.node, result.name).set(0 if result.name in failed else 1)
             CHECK_SECONDS.labels(self.node, result.name).set(result.seconds)
         RUNS.labels(self.node, str(bool(failed)).lower()).inc()
-        QUARANTINED.labels(self.node).set(1 if decision.verdict in (Verdict.QUARANTINE, Verdict.KEEP) else 0)
+        QUARANTINED.labels(self.node).set(1 if decision.action in (NodeAction.QUARANTINE, NodeAction.KEEP) else 0)
         log.info("health run %d (%s suite%s) on %s: %s failed; %s (%s)", self.runs, suite,
-                 f", request {request}" if request else "", self.node, len(report.failed), decision.verdict.value,
+                 f", request {request}" if request else "", self.node, len(report.failed), decision.action.value,
                  decision.reason)
         return report
 

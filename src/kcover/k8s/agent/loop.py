@@ -24,9 +24,9 @@ from kcover.classify.collector import FaultCollector, SourceInfo
 from kcover.classify.matcher import Matcher
 from kcover.collect.lines import clean_block
 from kcover.explain import default_matcher
-from kcover.faults import Evidence
+from kcover.faults import NO_PROGRESS_RULE, Evidence
 from kcover.k8s.agent.pods import PodDirectory, PodInfo
-from kcover.k8s.agent.report import Reporter
+from kcover.k8s.agent.report import KubeReporter
 from kcover.k8s.agent.tail import KernelLog, Tailer, find_container_logs
 from kcover.launcher.hang import HangDetector
 from kcover.launcher.output import last_step
@@ -43,7 +43,7 @@ class Agent:
         self.log_root = log_root
         self.matcher = matcher or default_matcher()
         self.pods = PodDirectory(api, node)
-        self.reporter = Reporter(api, node)
+        self.reporter = KubeReporter(api, node)
         self.tailer = Tailer(state_dir / f"offsets-{node}.json")
         self.kernel = KernelLog(kmsg, self.tailer) if kmsg is not None else None
         self.collectors: dict[str, FaultCollector] = {}
@@ -51,6 +51,7 @@ class Agent:
         self.hung: set[str] = set()
         self.node_faults = FaultCollector()
         self.swept = time.monotonic()
+        self.no_progress = next((r for r in self.matcher.rules if r.id == NO_PROGRESS_RULE), None)
 
     def run(self, stop: threading.Event) -> None:
         log.info("kcover agent on node %s: logs %s", self.node, self.log_root)
@@ -120,13 +121,11 @@ class Agent:
             if pod is None or uid in self.hung or detector.last_progress is None or not detector.is_hung(now):
                 continue
             self.hung.add(uid)
-            text = detector.describe(now)
-            rule = self.matcher.classify_text(text)
-            if rule is None:
+            if self.no_progress is None:
                 continue
-            collector = self.collectors.setdefault(uid, FaultCollector())
-            fault = collector.add(rule, Evidence(source=f"{pod.name}/progress", line=text, rank=pod.rank,
-                                                 node=self.node))
+            evidence = Evidence(source=f"{pod.name}/progress", line=detector.describe(now), rank=pod.rank,
+                                node=self.node, step=detector.step)
+            fault = self.collectors.setdefault(uid, FaultCollector()).add(self.no_progress, evidence)
             if fault is not None:
                 new += 1
                 self.reporter.new_fault(pod, fault)

@@ -25,6 +25,7 @@ from kcover.health.quarantine.kube import KubeQuarantine
 from kcover.k8s import wire
 from kcover.k8s.agent.pods import PodInfo
 from kcover.k8s.names import POD_FAULTS
+from kcover.timestamps import rfc3339
 
 WRITE_INTERVAL = 1.0
 _DIGITS = re.compile(r"\d+")
@@ -77,7 +78,7 @@ class PodRecord:
         return merged[: wire.MAX_RECORDS]
 
 
-class Reporter:
+class KubeReporter:
     def __init__(self, api: client.ApiClient, node: str) -> None:
         self.core = client.CoreV1Api(api)
         self.node = node
@@ -114,7 +115,7 @@ class Reporter:
             type="Warning" if fault.severity is Severity.FATAL else "Normal",
             source=client.V1EventSource(component="kcover-agent", host=self.node),
             reporting_component="kcover.io/agent", reporting_instance=self.node,
-            first_timestamp=now, last_timestamp=now, event_time=now.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            first_timestamp=now, last_timestamp=now, event_time=rfc3339(now, "microseconds"),
             action="Classified", count=1,
         )
         # an Event is best-effort; the durable record (flush) is what the operator reads

@@ -22,15 +22,19 @@ finish it exactly once:
    controller starts fresh pods).
 
 The claim records what steps 2–5 need (pods to replace, failing pods, nodes
-to exclude), and those steps are idempotent, so the operator's ``_resume``
-replays them for a job found in ``restarting``: a new leader keeps the evidence
-and quarantines even when the old one died right after claiming.
+to exclude), and those steps are idempotent, so
+:meth:`~kcover.k8s.operator.reconcile.Reconciler.resume` replays them for a job
+found in ``restarting``: a new leader keeps the evidence and quarantines even
+when the old one died right after claiming.  The order of the steps lives in
+the reconciler; this module is the Kubernetes side of its
+:class:`~kcover.k8s.operator.reconcile.JobActions` seam.
 
 Failing a job fast suspends it and says why in one line, in the same patch.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 from collections.abc import Sequence
@@ -39,22 +43,23 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from kcover.faults import Verdict
 from kcover.health.quarantine.kube import KubeQuarantine
+from kcover.health.quarantine.policy import NodeDecision, QuarantinePolicy
 from kcover.k8s.names import EVIDENCE_LABEL, FIELD_MANAGER, REASON, RECOVERY, STATE
-from kcover.k8s.operator.recreate import Recreator, completed
-from kcover.k8s.operator.views import JobView, PodView, utc_now
-from kcover.report import verdict_to_dict
+from kcover.k8s.operator.policy import GROUP, PLURAL, VERSION
+from kcover.k8s.operator.reconcile import Conflict
+from kcover.k8s.operator.record import RecoveryRecord
+from kcover.k8s.operator.recreate import Recreator
+from kcover.k8s.operator.views import JobView, PodView
+from kcover.timestamps import rfc3339
 
 log = logging.getLogger("kcover.operator")
 EVIDENCE_LINES = 200
 
 
-class Conflict(Exception):  # noqa: N818 - a normal outcome, not an error: another replica acted first
-    """The job changed since it was read: someone else is acting on it."""
-
-
 class Actuator:
+    """The saga's side effects on a real cluster (:class:`~kcover.k8s.operator.reconcile.JobActions`)."""
+
     def __init__(self, api: client.ApiClient, quarantine: KubeQuarantine) -> None:
         self.api = api
         self.core = client.CoreV1Api(api)
@@ -79,8 +84,17 @@ class Actuator:
                 raise Conflict(f"{job.kind.kind} {job.namespace}/{job.name} changed") from None
             raise
 
+    def policy_spec(self, namespace: str) -> dict[str, Any] | None:
+        """The spec of the RecoveryPolicy ``default`` in a namespace, if there is one."""
+        try:
+            body = self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "default")
+        except ApiException:
+            return None
+        spec = body.get("spec") if isinstance(body, dict) else None
+        return spec if isinstance(spec, dict) else {}
+
     def event(self, job: JobView, reason: str, message: str, warning: bool = False) -> None:
-        now = utc_now()
+        now = rfc3339(dt.datetime.now(dt.UTC))
         body = client.CoreV1Event(
             metadata=client.V1ObjectMeta(generate_name=f"{job.name}.kcover-", namespace=job.namespace),
             involved_object=client.V1ObjectReference(kind=job.kind.kind, name=job.name, namespace=job.namespace,
@@ -95,24 +109,16 @@ class Actuator:
             log.warning("could not post event on %s/%s: %s", job.namespace, job.name, error.reason)
 
     # -- restart ---------------------------------------------------------------------------------
-    def claim_restart(self, job: JobView, state: dict[str, Any], verdict: Verdict, reason: str,
-                      not_before: str, pods: Sequence[PodView], failing: Sequence[str],
-                      exclude: Sequence[str], method: str) -> dict[str, Any]:
-        """Step 1: record everything the later steps need, so that any replica can replay them."""
-        attempt = int(job.recovery().get("attempt", 1)) + 1
-        recovery = {**state, "attempt": attempt, "phase": "restarting", "restarted_at": utc_now(),
-                    "not_before": not_before, "replaced": [p.uid for p in pods], "failing": list(failing),
-                    "exclude": list(exclude), "method": method,
-                    "last": {**verdict_to_dict(verdict), "decision": reason}}
-        patch = {"metadata": {"annotations": {RECOVERY: json.dumps(recovery), STATE: "restarting",
+    def claim(self, job: JobView, record: RecoveryRecord, reason: str) -> None:
+        """Step 1, conditional on the job's resourceVersion: :class:`Conflict` if another replica acted first."""
+        patch = {"metadata": {"annotations": {RECOVERY: record.to_annotation(), STATE: "restarting",
                                               REASON: reason[:500]}}}
         self.patch_job(job, patch, conditional=True)
-        return recovery
 
-    def keep_evidence(self, job: JobView, recovery: dict[str, Any], pods: Sequence[PodView]) -> None:
-        failing = set(recovery.get("failing", []))
-        name = f"kcover-evidence-{job.name}-{recovery['attempt'] - 1}"[:253]
-        data = {"verdict.json": json.dumps(recovery.get("last", {}), indent=2)}
+    def keep_evidence(self, job: JobView, record: RecoveryRecord, pods: Sequence[PodView]) -> None:
+        failing = set(record.failing)
+        name = f"kcover-evidence-{job.name}-{record.attempt - 1}"[:253]
+        data = {"verdict.json": json.dumps(record.last.to_dict() if record.last else {}, indent=2)}
         for pod in pods:
             if pod.name not in failing:
                 continue
@@ -151,10 +157,17 @@ class Actuator:
                     raise
         return deleted
 
-    def suspend_for_restart(self, job: JobView, recovery: dict[str, Any]) -> None:
-        """Native restart, first half: suspend (the job's controller stops every pod)."""
-        step = {**recovery, "step": "suspended"}
-        self.patch_job(job, {**job.kind.suspend_patch(True), "metadata": {"annotations": {RECOVERY: json.dumps(step)}}})
+    def quarantine_node(self, node: str, reason: str, max_share: float) -> NodeDecision:
+        self.quarantine.policy = QuarantinePolicy(max_share=max_share)
+        return self.quarantine.quarantine(node, reason)
+
+    def quarantined_count(self) -> int:
+        return sum(n.quarantined_by_kcover for n in self.quarantine.nodes())
+
+    def suspend_for_restart(self, job: JobView, record: RecoveryRecord) -> None:
+        """Native restart, first half: suspend (the job's controller stops every pod), recording the step."""
+        annotations = {RECOVERY: record.to_annotation()}
+        self.patch_job(job, {**job.kind.suspend_patch(True), "metadata": {"annotations": annotations}})
 
     def delete_child_jobs(self, job: JobView) -> int:
         """A suspended JobSet whose pods failed: delete its child Jobs, which its controller creates afresh.
@@ -174,18 +187,15 @@ class Actuator:
                     raise
         return deleted
 
-    def finish_restart(self, job: JobView, recovery: dict[str, Any]) -> None:
-        patch: dict[str, Any] = {"metadata": {"annotations": {RECOVERY: json.dumps(completed(recovery)),
-                                                              STATE: "running"}}}
+    def finish_restart(self, job: JobView, record: RecoveryRecord) -> None:
+        patch: dict[str, Any] = {"metadata": {"annotations": {RECOVERY: record.to_annotation(), STATE: "running"}}}
         if job.kind.restart_by_suspend:
             patch |= job.kind.suspend_patch(False)
         self.patch_job(job, patch)
 
     # -- fail fast -------------------------------------------------------------------------------
-    def fail(self, job: JobView, state: dict[str, Any], verdict: Verdict, reason: str) -> None:
-        recovery = {**job.recovery(), **state, "phase": "failed", "last": {**verdict_to_dict(verdict),
-                                                                            "decision": reason}}
-        patch: dict[str, Any] = {"metadata": {"annotations": {RECOVERY: json.dumps(recovery), STATE: "failed",
+    def fail(self, job: JobView, record: RecoveryRecord, reason: str) -> None:
+        patch: dict[str, Any] = {"metadata": {"annotations": {RECOVERY: record.to_annotation(), STATE: "failed",
                                                               REASON: reason[:500]}}}
         try:  # one patch: whoever sees phase "failed" also sees the job suspended
             self.patch_job(job, {**job.kind.suspend_patch(), **patch}, conditional=True)
@@ -195,3 +205,13 @@ class Actuator:
             log.warning("could not suspend %s/%s: %s", job.namespace, job.name, error.reason)
             self.patch_job(job, patch, conditional=True)
         self.event(job, "KcoverFailed", f"kcover stopped recovering this job: {reason}", warning=True)
+
+    # -- replacing a batch Job (see kcover.k8s.operator.recreate) ----------------------------------
+    def read_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.recreator.read(namespace, name)
+
+    def replace_job(self, body: dict[str, Any], record: RecoveryRecord) -> None:
+        self.recreator.save_and_delete(body, record)
+
+    def finish_replacements(self) -> tuple[list[dict[str, Any]], int]:
+        return self.recreator.finish_pending()

@@ -1,7 +1,7 @@
 """Has this job failed, why, and what now? The operator's pure decision step.
 
-Inputs are plain views (a job, its pods) and the recovery state kept in the
-job's ``kcover.io/recovery`` annotation; the output is an :class:`Assessment`:
+Inputs are plain views (a job, its pods) and the job's
+:class:`~kcover.k8s.operator.record.RecoveryRecord`; the output is an :class:`Assessment`:
 no failure, or a verdict plus the policy's decision.  Evidence comes from the
 agent's fault records on the pods and from each pod's termination state (exit
 codes, ``OOMKilled``, ``Evicted``) mapped through the same catalog.  Pods
@@ -11,20 +11,17 @@ failure is never acted on twice.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from kcover.classify.attribution import attribute
 from kcover.classify.collector import FaultCollector
 from kcover.classify.exit_codes import describe_exit, rule_for_exit, rule_for_reason
 from kcover.classify.rules import Rule
-from kcover.decide.policy import AttemptEnd, Decision, PastFailure, RecoveryPolicy, RecoveryState, decide
-from kcover.faults import Category, Evidence, Verdict
+from kcover.decide.policy import AttemptEnd, Decision, RecoveryPolicy, RecoveryState, decide
+from kcover.faults import NO_PROGRESS_RULE, Evidence, Verdict
+from kcover.k8s.operator.record import RecoveryRecord
 from kcover.k8s.operator.views import JobView, PodView
-
-_LAST_STEP = re.compile(r"last step (\d+)")
 
 
 @dataclass(frozen=True)
@@ -36,27 +33,9 @@ class Assessment:
     failing_pods: tuple[str, ...] = ()
 
 
-def state_from(recovery: dict[str, Any]) -> RecoveryState:
-    failures = tuple(
-        PastFailure(Category(f["category"]) if f.get("category") else None, f.get("rule"), f.get("hung_at_step"))
-        for f in recovery.get("failures", []) if isinstance(f, dict)
-    )
-    return RecoveryState(restarts=int(recovery.get("restarts", 0)), failures=failures,
-                         excluded=tuple(recovery.get("excluded", [])))
-
-
-def state_to(state: RecoveryState) -> dict[str, Any]:
-    return {
-        "restarts": state.restarts,
-        "failures": [{"category": f.category.value if f.category else None, "rule": f.rule,
-                      "hung_at_step": f.hung_at_step} for f in state.failures][-20:],
-        "excluded": list(state.excluded),
-    }
-
-
-def current_pods(job: JobView, pods: Sequence[PodView]) -> list[PodView]:
+def current_pods(record: RecoveryRecord, pods: Sequence[PodView]) -> list[PodView]:
     """The pods of the job's current attempt: not being deleted, not replaced by the last restart."""
-    replaced = set(job.recovery().get("replaced", []))
+    replaced = set(record.replaced)
     return [p for p in pods if not p.deleting and p.uid not in replaced]
 
 
@@ -86,20 +65,21 @@ def evidence(pods: Sequence[PodView], rules: Sequence[Rule]) -> FaultCollector:
 
 
 def hung_step(verdict: Verdict) -> int | None:
-    """The step a hang verdict stopped at (the agent writes ``last step N``), for hang-recurrence checks."""
-    if verdict.root is None or verdict.root.rule != "job.no-progress":
+    """The step a hang verdict stopped at (the agent's evidence carries it), for hang-recurrence checks."""
+    if verdict.root is None or verdict.root.rule != NO_PROGRESS_RULE:
         return None
-    found = _LAST_STEP.search(verdict.root.evidence.line)
-    return int(found.group(1)) if found else None
+    return verdict.root.evidence.step
 
 
-def assess(job: JobView, pods: Sequence[PodView], rules: Sequence[Rule], policy: RecoveryPolicy) -> Assessment:
-    current = current_pods(job, pods)
+def assess(job: JobView, pods: Sequence[PodView], rules: Sequence[Rule], policy: RecoveryPolicy,
+           record: RecoveryRecord | None = None) -> Assessment:
+    """Whether the job's current pods failed, the verdict over all of them, and what the policy decides."""
+    record = record if record is not None else RecoveryRecord.from_annotation(job.recovery_annotation)
+    current = current_pods(record, pods)
     failing = [p for p in current if _pod_failed(p)]
     if not failing:
         return Assessment(failed=False)
     verdict = attribute(evidence(current, rules).faults)
     nodes = tuple(sorted({p.node for p in current if p.node}))
-    state = state_from(job.recovery())
-    decision, new_state = decide(policy, state, AttemptEnd(verdict, nodes, hung_step(verdict)))
+    decision, new_state = decide(policy, record.state, AttemptEnd(verdict, nodes, hung_step(verdict)))
     return Assessment(True, verdict, decision, new_state, tuple(p.name for p in failing))

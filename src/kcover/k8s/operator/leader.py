@@ -15,6 +15,8 @@ import datetime as dt
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from kcover.timestamps import rfc3339
+
 
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
@@ -41,7 +43,7 @@ class LeaderElection:
     def _tick(self) -> bool:
         now = _now()
         spec: dict[str, object] = {"holderIdentity": self.identity, "leaseDurationSeconds": max(1, int(self.duration)),
-                "renewTime": now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")}
+                "renewTime": rfc3339(now, "microseconds")}
         try:
             lease = self.coordination.read_namespaced_lease(self.name, self.namespace)
         except ApiException as error:

@@ -32,6 +32,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from kcover.k8s.names import EVIDENCE_LABEL, RECOVERY, STATE
+from kcover.k8s.operator.record import RecoveryRecord
 
 log = logging.getLogger("kcover.operator")
 PENDING_LABEL = "kcover.io/recreate-for"
@@ -39,10 +40,10 @@ _GENERATED_LABELS = ("controller-uid", "batch.kubernetes.io/controller-uid", "jo
                      "batch.kubernetes.io/job-name")
 
 
-def fresh_manifest(body: dict[str, Any], recovery: dict[str, Any]) -> dict[str, Any]:
+def fresh_manifest(body: dict[str, Any], record: RecoveryRecord) -> dict[str, Any]:
     """The Job as its author would create it again: no status, identity or generated selector, not suspended."""
     meta = body["metadata"]
-    annotations = {**(meta.get("annotations") or {}), RECOVERY: json.dumps(recovery), STATE: "running"}
+    annotations = {**(meta.get("annotations") or {}), RECOVERY: record.to_annotation(), STATE: "running"}
     spec = {k: v for k, v in body["spec"].items() if k != "suspend"}
     if not spec.get("manualSelector"):
         spec.pop("selector", None)
@@ -55,11 +56,6 @@ def fresh_manifest(body: dict[str, Any], recovery: dict[str, Any]) -> dict[str, 
                      "annotations": annotations},
         "spec": spec,
     }
-
-
-def completed(recovery: dict[str, Any]) -> dict[str, Any]:
-    """The recovery record of a finished restart (the saga's last step)."""
-    return {k: v for k, v in recovery.items() if k != "step"} | {"phase": "running"}
 
 
 def controlled(body: dict[str, Any]) -> bool:
@@ -82,11 +78,11 @@ class Recreator:
             raise
         return dict(self.api.sanitize_for_serialization(job))
 
-    def save_and_delete(self, body: dict[str, Any], recovery: dict[str, Any]) -> None:
-        """Steps 1–2 (idempotent): keep the manifest, detach the evidence, delete the Job in the foreground."""
+    def save_and_delete(self, body: dict[str, Any], done: RecoveryRecord) -> None:
+        """Steps 1–2 (idempotent): keep the manifest (with ``done``, the finished restart's record), detach the
+        evidence, delete the Job in the foreground."""
         meta = body["metadata"]
         namespace, name = meta["namespace"], meta["name"]
-        done = completed(recovery)
         saved = client.V1ConfigMap(
             metadata=client.V1ObjectMeta(name=f"kcover-recreate-{name}"[:253], namespace=namespace,
                                          labels={PENDING_LABEL: name[:63]}),

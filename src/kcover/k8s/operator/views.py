@@ -7,8 +7,6 @@ tested without an API server.
 
 from __future__ import annotations
 
-import datetime as dt
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,12 +57,10 @@ class JobView:
     def key(self) -> tuple[str, str, str]:
         return (self.kind.kind, self.namespace, self.name)
 
-    def recovery(self) -> dict[str, Any]:
-        try:
-            value = json.loads(self.annotations.get(RECOVERY, "{}"))
-        except json.JSONDecodeError:
-            return {}
-        return value if isinstance(value, dict) else {}
+    @property
+    def recovery_annotation(self) -> str | None:
+        """The text of ``kcover.io/recovery`` (read it with :class:`~kcover.k8s.operator.record.RecoveryRecord`)."""
+        return self.annotations.get(RECOVERY)
 
 
 def pod_view(body: Mapping[str, Any], remediation: dict[str, str] | None = None) -> PodView:
@@ -125,6 +121,3 @@ def spec_problems(kind: str, spec: Mapping[str, Any]) -> tuple[str, ...]:
                     f"({spec.get('backoffLimit', 6)}) and can end the Job before kcover restarts it",)
     return ()
 
-
-def utc_now() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -1,0 +1,242 @@
+"""The recovery record: what kcover keeps on a job, typed, with one reader and one writer.
+
+The operator's state for a job lives in the job's ``kcover.io/recovery``
+annotation, so that any replica (and ``kcover status``) reads the same thing
+and a restart half done by a replica that died can be finished by the next.
+:class:`RecoveryRecord` is the only code that reads or writes that annotation:
+:meth:`RecoveryRecord.from_annotation` parses it (anything unreadable becomes
+the empty record, never an exception) and :meth:`RecoveryRecord.to_annotation`
+writes it.  Everything else works on typed fields: phases and methods are
+enums, times are timezone-aware datetimes, and the transitions of the restart
+saga (:meth:`claimed`, :meth:`suspended`, :meth:`completed`, :meth:`failed`)
+are methods that return a new record.
+
+The JSON keys are those earlier versions wrote, so a record written by an
+older operator is read correctly (``exclude``, the nodes to quarantine for the
+current restart, is now written as ``quarantine``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import Any, TypeVar
+
+from kcover.decide.policy import PastFailure, RecoveryState
+from kcover.faults import Category, Verdict
+from kcover.timestamps import parse_rfc3339, rfc3339
+
+_E = TypeVar("_E", bound=StrEnum)
+MAX_FAILURES = 20
+"""Past failures kept on the record (the policy looks at recent ones only)."""
+
+
+class RecoveryPhase(StrEnum):
+    """Where a job stands: watched while it runs, in the middle of a restart, or given up on."""
+
+    RUNNING = "running"
+    RESTARTING = "restarting"
+    FAILED = "failed"
+
+
+class RestartStep(StrEnum):
+    """How far a claimed restart has gone (only suspend-based restarts have a second step)."""
+
+    CLAIMED = "claimed"
+    SUSPENDED = "suspended"
+
+
+class RestartMethod(StrEnum):
+    """How the pods are stopped and started again (see :mod:`kcover.k8s.operator.actuate`)."""
+
+    NATIVE = "native"
+    RECREATE = "recreate"
+    RENEW_CHILDREN = "renew-children"
+
+
+@dataclass(frozen=True)
+class FailureSummary:
+    """The failure that decided the last restart or fail-fast, as ``kcover status`` and people read it."""
+
+    category: str | None = None
+    rule: str | None = None
+    action: str | None = None
+    retriable: bool | None = None
+    node_at_fault: bool | None = None
+    nodes: tuple[str, ...] = ()
+    ranks: tuple[int, ...] = ()
+    reason: str = ""
+    remediation: str | None = None
+    decision: str = ""
+
+    @classmethod
+    def of(cls, verdict: Verdict, decision: str) -> FailureSummary:
+        return cls(
+            category=verdict.category.value if verdict.category else None, rule=verdict.rule,
+            action=verdict.action.value, retriable=verdict.retriable, node_at_fault=verdict.node_at_fault,
+            nodes=tuple(verdict.nodes), ranks=tuple(verdict.ranks), reason=verdict.reason,
+            remediation=verdict.root.remediation if verdict.root else None, decision=decision,
+        )
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> FailureSummary:
+        return cls(
+            category=_optional_str(raw.get("category")), rule=_optional_str(raw.get("rule")),
+            action=_optional_str(raw.get("action")), retriable=_optional_bool(raw.get("retriable")),
+            node_at_fault=_optional_bool(raw.get("node_at_fault")), nodes=_strings(raw.get("nodes")),
+            ranks=tuple(r for r in _list(raw.get("ranks")) if isinstance(r, int) and not isinstance(r, bool)),
+            reason=str(raw.get("reason") or ""), remediation=_optional_str(raw.get("remediation")),
+            decision=str(raw.get("decision") or ""),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"category": self.category, "rule": self.rule, "action": self.action, "retriable": self.retriable,
+                "node_at_fault": self.node_at_fault, "nodes": list(self.nodes), "ranks": list(self.ranks),
+                "reason": self.reason, "remediation": self.remediation, "decision": self.decision}
+
+
+@dataclass(frozen=True)
+class RecoveryRecord:
+    """A job's recovery state (see the module docstring); the empty record is a job kcover never acted on."""
+
+    attempt: int = 1
+    phase: RecoveryPhase = RecoveryPhase.RUNNING
+    step: RestartStep = RestartStep.CLAIMED
+    restarts: int = 0
+    failures: tuple[PastFailure, ...] = ()
+    excluded: tuple[str, ...] = ()
+    restarted_at: dt.datetime | None = None
+    not_before: dt.datetime | None = None
+    replaced: tuple[str, ...] = ()
+    failing: tuple[str, ...] = ()
+    quarantine: tuple[str, ...] = ()
+    method: RestartMethod = RestartMethod.NATIVE
+    last: FailureSummary | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    """Keys this version does not know (written by a newer operator): kept as they were."""
+
+    # -- reading and writing the annotation ------------------------------------------------------
+    @classmethod
+    def from_annotation(cls, text: str | None) -> RecoveryRecord:
+        """The record in an annotation's text; the empty record when it is missing or unreadable."""
+        try:
+            raw = json.loads(text) if text else {}
+        except (json.JSONDecodeError, RecursionError):
+            return cls()
+        return cls.from_dict(raw) if isinstance(raw, dict) else cls()
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> RecoveryRecord:
+        last = raw.get("last")
+        return cls(
+            attempt=_int(raw.get("attempt"), 1), phase=_enum(RecoveryPhase, raw.get("phase"), RecoveryPhase.RUNNING),
+            step=_enum(RestartStep, raw.get("step"), RestartStep.CLAIMED), restarts=_int(raw.get("restarts"), 0),
+            failures=tuple(_past_failure(f) for f in _list(raw.get("failures")) if isinstance(f, dict)),
+            excluded=_strings(raw.get("excluded")), restarted_at=parse_rfc3339(raw.get("restarted_at")),
+            not_before=parse_rfc3339(raw.get("not_before")), replaced=_strings(raw.get("replaced")),
+            failing=_strings(raw.get("failing")), quarantine=_strings(raw.get("quarantine", raw.get("exclude"))),
+            method=_enum(RestartMethod, raw.get("method"), RestartMethod.NATIVE),
+            last=FailureSummary.from_dict(last) if isinstance(last, dict) else None,
+            extra={k: v for k, v in raw.items() if k not in _KNOWN},
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        written: dict[str, Any] = {
+            **self.extra, "attempt": self.attempt, "phase": self.phase.value, "restarts": self.restarts,
+            "failures": [{"category": f.category.value if f.category else None, "rule": f.rule,
+                          "hung_at_step": f.hung_at_step} for f in self.failures[-MAX_FAILURES:]],
+            "excluded": list(self.excluded), "replaced": list(self.replaced), "failing": list(self.failing),
+            "quarantine": list(self.quarantine), "method": self.method.value,
+        }
+        if self.step is not RestartStep.CLAIMED:
+            written["step"] = self.step.value
+        for key, moment in (("restarted_at", self.restarted_at), ("not_before", self.not_before)):
+            if moment is not None:
+                written[key] = rfc3339(moment, "milliseconds")
+        if self.last is not None:
+            written["last"] = self.last.to_dict()
+        return written
+
+    def to_annotation(self) -> str:
+        return json.dumps(self.to_dict())
+
+    # -- the policy's view -----------------------------------------------------------------------
+    @property
+    def state(self) -> RecoveryState:
+        """What the shared decision core needs: restarts so far, past failures, excluded nodes."""
+        return RecoveryState(restarts=self.restarts, failures=self.failures, excluded=self.excluded)
+
+    def due(self, now: dt.datetime) -> bool:
+        """Whether a claimed restart's backoff is over."""
+        return self.not_before is None or self.not_before <= now
+
+    # -- the restart saga's transitions ----------------------------------------------------------
+    def claimed(self, state: RecoveryState, verdict: Verdict, decision: str, now: dt.datetime, delay: float,
+                replaced: Sequence[str], failing: Sequence[str], quarantine: Sequence[str],
+                method: RestartMethod) -> RecoveryRecord:
+        """Step 1 of a restart: everything the later steps need, so any replica can replay them."""
+        return replace(
+            self._with_state(state), attempt=self.attempt + 1, phase=RecoveryPhase.RESTARTING,
+            step=RestartStep.CLAIMED, restarted_at=now, not_before=now + dt.timedelta(seconds=delay),
+            replaced=tuple(replaced), failing=tuple(failing), quarantine=tuple(quarantine), method=method,
+            last=FailureSummary.of(verdict, decision),
+        )
+
+    def suspended(self) -> RecoveryRecord:
+        return replace(self, step=RestartStep.SUSPENDED)
+
+    def completed(self) -> RecoveryRecord:
+        """The record of a finished restart (the saga's last step)."""
+        return replace(self, phase=RecoveryPhase.RUNNING, step=RestartStep.CLAIMED)
+
+    def failed(self, state: RecoveryState, verdict: Verdict, decision: str) -> RecoveryRecord:
+        return replace(self._with_state(state), phase=RecoveryPhase.FAILED, last=FailureSummary.of(verdict, decision))
+
+    def _with_state(self, state: RecoveryState) -> RecoveryRecord:
+        return replace(self, restarts=state.restarts, failures=tuple(state.failures)[-MAX_FAILURES:],
+                       excluded=tuple(state.excluded))
+
+
+_KNOWN = frozenset({"attempt", "phase", "step", "restarts", "failures", "excluded", "restarted_at", "not_before",
+                    "replaced", "failing", "quarantine", "exclude", "method", "last"})
+
+
+def _past_failure(raw: Mapping[str, Any]) -> PastFailure:
+    category = raw.get("category")
+    try:
+        parsed = Category(category) if category else None
+    except ValueError:
+        parsed = Category.OTHER
+    step = raw.get("hung_at_step")
+    return PastFailure(parsed, _optional_str(raw.get("rule")),
+                       step if isinstance(step, int) and not isinstance(step, bool) else None)
+
+
+def _list(value: object) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _strings(value: object) -> tuple[str, ...]:
+    return tuple(str(v) for v in _list(value) if isinstance(v, str))
+
+
+def _optional_str(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _optional_bool(value: object) -> bool | None:
+    return value if isinstance(value, bool) else None
+
+
+def _int(value: object, default: int) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else default
+
+
+def _enum(kind: type[_E], value: object, default: _E) -> _E:
+    try:
+        return kind(value) if isinstance(value, str) else default
+    except ValueError:
+        return default
