@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import signal
 import subprocess
 import sys
@@ -75,3 +76,39 @@ def test_sigterm_while_stuck_in_a_collective(tmp_path: Path, shm_dir: Path) -> N
     finally:
         peer.kill()
         peer.communicate()
+
+
+@pytest.mark.parametrize(("mode", "exit_code", "persisted"), [
+    ("sleep", -signal.SIGTERM, {"a": 2, "b": 3, "c": 4}),
+    ("replaced", 128 + signal.SIGTERM, {"a": 2, "b": 3, "c": 4}),  # only the watcher thread can save
+    ("closed", -signal.SIGTERM, {"a": 2, "b": 1, "c": 4}),
+])
+def test_several_checkpointers_in_one_process_all_save_on_sigterm_without_a_warning(
+    tmp_path: Path, shm_dir: Path, mode: str, exit_code: int, persisted: dict[str, int]
+) -> None:
+    process = subprocess.Popen([sys.executable, str(WORKERS / "several_savers.py"), str(tmp_path), str(shm_dir), mode],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    assert process.stdout.readline() == "ready\n", process.communicate(timeout=20)
+    code, _, stderr = stop(process)
+    assert code == exit_code, stderr
+    assert "wakeup fd" not in stderr  # before: "the signal wakeup fd is taken (asyncio?)", twice
+    assert {name: on_disk(tmp_path / name) for name in "abc"} == persisted, stderr
+
+
+def test_a_wakeup_fd_owned_by_someone_else_is_still_warned_about(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import os
+
+    read, write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    previous = signal.set_wakeup_fd(write)  # what asyncio does
+    try:
+        with caplog.at_level(logging.WARNING, "kcover.checkpoint"), Checkpointer(tmp_path, shared_memory=None):
+            pass
+        assert "wakeup fd is taken" in caplog.text
+        assert signal.set_wakeup_fd(write) == write  # left to its owner, also after close()
+    finally:
+        signal.set_wakeup_fd(previous)
+        os.close(read)
+        os.close(write)

@@ -19,7 +19,7 @@ def test_crash_then_restart_resumes_all_ranks_from_one_step(tmp_path: Path) -> N
     document = json.loads(done.stdout)
     assert done.returncode == 0, (document, done.stderr[-2000:])
     assert document["restarts"] == 1
-    logs = [(tmp_path / "state" / "attempt-2" / f"rank{r}.log").read_text() for r in (0, 1)]
+    logs = [(Path(document["run_dir"]) / "attempt-2" / f"rank{r}.log").read_text() for r in (0, 1)]
     resumed = [next(line for line in log.splitlines() if line.startswith("resumed")) for log in logs]
     steps = {int(line.split()[2]) for line in resumed}
     assert len(steps) == 1 and 5 <= steps.pop() <= 9  # one step for all ranks, at least the last persisted one

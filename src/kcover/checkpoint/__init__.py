@@ -18,6 +18,7 @@ tensors + skeleton), :mod:`.shards` (DTensor local shards), :mod:`.emergency`
 from kcover.checkpoint.checkpointer import Checkpointer, remove_snapshots, snapshot_path
 from kcover.checkpoint.errors import (
     CheckpointError,
+    CheckpointInUseError,
     CheckpointWriteError,
     CorruptCheckpointError,
     WorldSizeChangedError,
@@ -27,6 +28,7 @@ from kcover.checkpoint.shards import copy_into, local_shards
 
 __all__ = [
     "CheckpointError",
+    "CheckpointInUseError",
     "CheckpointWriteError",
     "Checkpointer",
     "CorruptCheckpointError",

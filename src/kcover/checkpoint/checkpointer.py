@@ -22,6 +22,13 @@ On SIGTERM the newest snapshot is persisted before the process ends
 (:mod:`~kcover.checkpoint.emergency`).  Write failures never raise into the
 training loop: they are logged and kept in ``last_error``.
 
+Any number of Checkpointers may read one dir and rank, one may write it: the
+first ``save`` or ``reserve`` takes the writer lock (:mod:`~kcover.checkpoint.lock`);
+a second writer gets :class:`~kcover.checkpoint.errors.CheckpointInUseError`,
+and a reader never removes a file a writer may be using.  Pruning keeps
+``keep_last`` loadable checkpoints and never deletes the one just written nor
+the newest one this Checkpointer has verified (written, or read back whole).
+
 Called by training scripts, usually as ``Checkpointer()`` under ``kcover run``
 (the dir comes from ``KCOVER_CHECKPOINT_DIR``, rank and world size from
 ``RANK`` / ``WORLD_SIZE``, the snapshot folder from ``KCOVER_SHARED_MEMORY``,
@@ -48,9 +55,11 @@ from kcover import sdk
 from kcover.checkpoint import disk
 from kcover.checkpoint.agree import NONE, agree_on_step
 from kcover.checkpoint.emergency import SigtermGuard
-from kcover.checkpoint.errors import CheckpointError, WorldSizeChangedError
+from kcover.checkpoint.errors import CheckpointError, CorruptCheckpointError, WorldSizeChangedError
+from kcover.checkpoint.files import read_small
 from kcover.checkpoint.flatten import flatten
 from kcover.checkpoint.image import COMMITTED, Header, Image, Plan, make_plan, parse
+from kcover.checkpoint.lock import WriterLock
 from kcover.checkpoint.restore import Restored, load_from_disk, map_private, materialize, memory_image, usable_manifest
 from kcover.checkpoint.snapshot import Region, SnapshotBuffer, begin_snapshot, commit_snapshot, copy_tensors
 
@@ -58,6 +67,7 @@ log = logging.getLogger("kcover.checkpoint")
 IfBusy = Literal["wait", "skip"]
 DEFAULT_SHARED_MEMORY = "/dev/shm"
 OVERLAP_BELOW = 1 << 20  # with save(overlap=…), tensors smaller than this are copied before save returns
+MIN_BLOCK_SIZE = 4096  # smaller blocks only make the manifest huge
 
 
 def shared_memory_dir(given: str | os.PathLike[str] | None) -> Path | None:
@@ -90,20 +100,35 @@ def remove_snapshots(directory: str | os.PathLike[str], shared_memory: str | os.
     return removed
 
 
+def _read_token(path: Path) -> str:
+    """The dir's id; raises OSError (FileNotFoundError when there is none) or ValueError (damaged)."""
+    text = read_small(path, 256).decode("ascii").strip()
+    if not text or not text.isalnum():
+        raise ValueError("not an id")
+    return text
+
+
 def _dir_token(directory: Path) -> str:
-    """A random id stored in the dir: a snapshot taken for a deleted and recreated dir is not restored."""
+    """A random id stored in the dir: a snapshot taken for a deleted and recreated dir is not restored.
+
+    A damaged id file (not a regular file, not an id) is left as it is, with a warning; the token is then
+    empty, so snapshots are matched to the dir by its path only.
+    """
     path = directory / ".kcover-id"
-    with contextlib.suppress(FileNotFoundError, NotADirectoryError, PermissionError):
-        return path.read_text().strip()
     try:
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError, PermissionError):
+            return _read_token(path)
         directory.mkdir(parents=True, exist_ok=True)
         partial = directory / f".kcover-id.{os.getpid()}.tmp"
         partial.write_text(secrets.token_hex(8))
         with contextlib.suppress(FileExistsError):
             os.link(partial, path)  # create-if-absent, atomically: concurrent ranks agree on one token
         partial.unlink()
-        return path.read_text().strip()
-    except OSError:
+        return _read_token(path)
+    except (OSError, ValueError) as exc:
+        if not isinstance(exc, OSError) or path.is_symlink() or path.exists():
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not an id"
+            log.warning("kcover checkpoint: ignoring %s: %s", path, why)
         return ""
 
 
@@ -137,6 +162,8 @@ class Checkpointer:
                 raise CheckpointError("no checkpoint dir given and KCOVER_CHECKPOINT_DIR is not set")
         if keep_last < 1 or (keep_every is not None and keep_every < 1) or if_busy not in ("wait", "skip"):
             raise ValueError("keep_last and keep_every must be ≥ 1, if_busy 'wait' or 'skip'")
+        if block_size < MIN_BLOCK_SIZE:
+            raise ValueError(f"block_size must be ≥ {MIN_BLOCK_SIZE} bytes, not {block_size}")
         self.directory = Path(directory).absolute()
         self.rank = _env_int("RANK", 0) if rank is None else rank
         self.world_size = _env_int("WORLD_SIZE", 1) if world_size is None else world_size
@@ -157,6 +184,9 @@ class Checkpointer:
                         "memory (no instant restore after a restart)", folder)
         self._buffer = SnapshotBuffer(shm)
         self._token = _dir_token(self.directory)
+        self._writer = WriterLock(self.directory, self.rank)
+        self._verified: set[int] = set()  # steps this Checkpointer wrote or read back whole from disk
+        self._damaged: set[int] = set()  # steps whose files of this rank failed verification here
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._unpersisted: tuple[int, int] | None = None  # (step, size) in the buffer, not yet on disk
@@ -167,7 +197,9 @@ class Checkpointer:
         self._snapshotted = threading.Event()  # clear while an overlapped snapshot is still being copied
         self._snapshotted.set()
         self._watched: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
-        disk.clean_leftovers(self.directory, self.rank)
+        if self._writer.try_acquire():  # no live writer: remove what a dead one left, and let go
+            self._clean_leftovers()
+            self._writer.release()
         self._adopt_snapshot()
         if self._guard is not None:
             self._guard.install()
@@ -179,6 +211,19 @@ class Checkpointer:
             yield
 
     # saving ---------------------------------------------------------------------------------------------------
+
+    def _clean_leftovers(self) -> None:
+        disk.clean_leftovers(self.directory, self.rank)
+        self._buffer.discard_leftover()
+
+    def _claim(self) -> None:
+        """Become the writer of this dir and rank (first save or reserve); raises CheckpointInUseError."""
+        if self._writer.held or self._writer.unlocked:
+            return
+        self._writer.acquire()
+        self._clean_leftovers()
+        with self._locked():
+            self._unpersisted = self._unpersisted_in_memory()
 
     def save(self, step: int, state: Any, *, persist: bool = True,
              overlap: torch.optim.Optimizer | None = None) -> bool:
@@ -197,6 +242,7 @@ class Checkpointer:
             raise CheckpointError("this Checkpointer is closed")
         if self._stopping:
             return False
+        self._claim()
         began = time.perf_counter()
         skeleton, tensors = flatten(state, self.trusted)
         plan = make_plan(tensors, skeleton, self._token, self.replicated)
@@ -289,6 +335,7 @@ class Checkpointer:
 
     def reserve(self, state: Any) -> None:
         """Reserve the snapshot buffer for ``state`` on a background thread (saves the first ``save`` the cost)."""
+        self._claim()
         skeleton, tensors = flatten(state, self.trusted)
         self._prepare_in_background(make_plan(tensors, skeleton, self._token, self.replicated).total)
 
@@ -323,13 +370,22 @@ class Checkpointer:
             return
         self.last_persist_seconds = time.perf_counter() - began
         self.persisted_step = step
+        self._verified.add(step)
+        self._damaged.discard(step)
         if self._unpersisted == (step, size):
             self._unpersisted = None
         sdk.checkpointed(step)
+        self._prune(step)
+
+    def _prune(self, written: int) -> None:
+        """Retention, counting only loadable checkpoints; the one just written and the newest verified stay."""
         try:
-            disk.prune(self.directory, self.rank, self.keep_last, self.keep_every)
+            removed = disk.prune(self.directory, self.rank, self.world_size, self.keep_last, self.keep_every,
+                                 protect={written, max(self._verified)}, damaged=self._damaged)
         except OSError as exc:
             log.warning("kcover checkpoint: pruning old checkpoints failed: %s", exc)
+            return
+        self._verified.difference_update(removed)
 
     def _emergency(self) -> None:
         """On SIGTERM: let a snapshot or persist in progress finish, then persist the newest snapshot.
@@ -340,19 +396,40 @@ class Checkpointer:
         began = time.perf_counter()
         with self._lock:
             self.wait()
+            if self._closed or not self._may_write():
+                return
             pending = self._unpersisted
             if pending is not None:
                 self._persist(*pending)
                 log.warning("kcover checkpoint: SIGTERM: step %d persisted in %.2f s", pending[0],
                             time.perf_counter() - began)
 
+    def _may_write(self) -> bool:
+        """For the emergency save: are we the writer, or is there none alive (then we are now)?
+
+        A reader never persists the snapshot of a live writer: that writer's own guard does.
+        """
+        if self._writer.held or self._writer.unlocked:
+            return True
+        if not self._writer.try_acquire():
+            log.info("kcover checkpoint: SIGTERM: another process writes rank %d's checkpoints; nothing to save here",
+                     self.rank)
+            return False
+        self._unpersisted = self._unpersisted_in_memory()  # as of now, not as of our start
+        return True
+
+    def _unpersisted_in_memory(self) -> tuple[int, int] | None:
+        """The snapshot in shared memory if it is newer than the disk, as (step, size); caller holds the lock."""
+        image = memory_image(self._buffer, self.rank, self.world_size, self._token)
+        on_disk = max(disk.committed_steps(self.directory, self.rank), default=NONE)
+        if image is None or image.header.step <= on_disk:
+            return None
+        return image.header.step, image.header.total
+
     def _adopt_snapshot(self) -> None:
         """A snapshot left in shared memory by a previous life of this rank, newer than the disk: not yet safe."""
-        memory = self._memory_step()
-        on_disk = max(disk.committed_steps(self.directory, self.rank), default=NONE)
-        header = self._buffer.header()
-        if memory is not None and memory > on_disk and header is not None:
-            self._unpersisted = (memory, header.total)
+        with self._locked():
+            self._unpersisted = self._unpersisted_in_memory()
 
     # loading --------------------------------------------------------------------------------------------------
 
@@ -384,7 +461,11 @@ class Checkpointer:
             image = memory_image(self._buffer, self.rank, self.world_size, self._token)
             if image is None or self._buffer.path is None:
                 return None
-            private = map_private(self._buffer.path, image.header.total)
+            try:
+                private = map_private(self._buffer.path, image.header.total)
+            except OSError as exc:  # deleted or replaced since it was checked: the disk serves
+                log.warning("kcover checkpoint: cannot map the snapshot %s: %s", self._buffer.path, exc)
+                return None
             self._buffer.freeze(private)  # the next snapshot must not overwrite what the restored tensors see
         return torch.frombuffer(private, dtype=torch.uint8), parse(memoryview(private), str(self._buffer.path))
 
@@ -401,7 +482,12 @@ class Checkpointer:
                 log.warning("kcover checkpoint: skipping step %d: %s", step, exc)
                 if isinstance(exc, WorldSizeChangedError):
                     self._world_changed = exc
+                elif isinstance(exc, CorruptCheckpointError) and rank == self.rank:
+                    self._damaged.add(step)
                 continue
+            if rank == self.rank:
+                self._verified.add(step)
+                self._damaged.discard(step)
             where = str(disk.step_dir(self.directory, step))
             return materialize(step, data, image, "disk", where, device, self.trusted)
         return None
@@ -457,7 +543,9 @@ class Checkpointer:
             self._guard.uninstall()
         with self._locked():
             self._closed = True
+            self._unpersisted = None
             self._buffer.close(remove=remove_snapshot)
+            self._writer.release()
 
     def __enter__(self) -> Checkpointer:
         return self

@@ -12,8 +12,12 @@ computed on a second thread meanwhile), ``fsync``s it, renames it, then writes,
 point leaves either the old set of checkpoints or the old set plus the new one.
 :func:`read_verified` checks the size and every block's checksum before handing
 the bytes over.  Each rank only ever deletes its own files, so ranks sharing a
-folder never race on deletion.  Called by the Checkpointer's background thread
-(writes) and by its ``load_latest`` (reads).
+folder never race on deletion.  :func:`prune` counts only checkpoints that can
+be loaded (:func:`looks_loadable`: a sound manifest, an image of its size) and
+never deletes the ones the caller protects; nothing is followed through a
+symlink and only regular files are read (:mod:`~kcover.checkpoint.files`).
+Called by the Checkpointer's background thread (writes) and by its
+``load_latest`` (reads).
 """
 
 from __future__ import annotations
@@ -26,13 +30,16 @@ import re
 import threading
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 
 import torch
 
-from kcover.checkpoint.errors import CheckpointWriteError, CorruptCheckpointError
+from kcover.checkpoint.errors import CheckpointError, CheckpointWriteError, CorruptCheckpointError
+from kcover.checkpoint.files import open_regular, read_small, regular_size
 from kcover.checkpoint.manifest import Manifest
+
+MANIFEST_LIMIT = 64 << 20  # 5 million block checksums; a manifest is read only up to this size
 
 _STEP_DIR = re.compile(r"step-(\d{12})")
 _RANK_FILE = re.compile(r"rank-(\d{5})\.json")
@@ -99,7 +106,7 @@ def _create(path: Path) -> int:
     for _ in range(10):
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
         except FileNotFoundError:
             continue
     raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path.parent))
@@ -140,11 +147,7 @@ def persist(
         os.replace(image_tmp, folder / f"{_stem(rank)}.img")
         manifest = Manifest(step, rank, world_size, replicated, f"{_stem(rank)}.img", len(data), block_size,
                             tuple(crcs), time.time())
-        text = manifest.to_json()
-        with manifest_tmp.open("wb") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
+        _write_small(manifest_tmp, manifest.to_json())
         os.replace(manifest_tmp, folder / f"{_stem(rank)}.json")
         _fsync_dir(folder)
         if new_folder:
@@ -159,42 +162,70 @@ def persist(
     return manifest
 
 
-def committed_steps(root: Path, rank: int | None) -> dict[int, list[int]]:
-    """Steps with a manifest in place → the ranks that have one (``rank`` None: all ranks). Not verified."""
-    found: dict[int, list[int]] = {}
+def _write_small(path: Path, data: bytes) -> None:
+    fd = _create(path)
+    try:
+        _write_all(fd, memoryview(data))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _step_folders(root: Path) -> Iterator[tuple[int, Path]]:
+    """``(step, folder)`` of every step folder — real folders only: a symlink is never followed."""
     with contextlib.suppress(OSError):
         for entry in os.scandir(root):
             match = _STEP_DIR.fullmatch(entry.name)
-            if not match or not entry.is_dir():
-                continue
             with contextlib.suppress(OSError):
-                for name in os.listdir(entry.path):
-                    file = _RANK_FILE.fullmatch(name)
-                    if file and (rank is None or int(file.group(1)) == rank):
-                        found.setdefault(int(match.group(1)), []).append(int(file.group(1)))
+                if match and entry.is_dir(follow_symlinks=False):
+                    yield int(match.group(1)), Path(entry.path)
+
+
+def committed_steps(root: Path, rank: int | None) -> dict[int, list[int]]:
+    """Steps with a manifest in place → the ranks that have one (``rank`` None: all ranks). Not verified."""
+    found: dict[int, list[int]] = {}
+    for step, folder in _step_folders(root):
+        with contextlib.suppress(OSError):
+            for name in os.listdir(folder):
+                file = _RANK_FILE.fullmatch(name)
+                if file and (rank is None or int(file.group(1)) == rank):
+                    found.setdefault(step, []).append(int(file.group(1)))
     return {step: sorted(ranks) for step, ranks in found.items()}
 
 
 def read_manifest(root: Path, step: int, rank: int) -> Manifest:
     path = step_dir(root, step) / f"{_stem(rank)}.json"
     try:
-        manifest = Manifest.from_json(path.read_bytes(), str(path))
+        manifest = Manifest.from_json(read_small(path, MANIFEST_LIMIT), str(path))
     except OSError as exc:
         raise CorruptCheckpointError(f"{path}: {exc.strerror or exc}") from None
     if (manifest.step, manifest.rank) != (step, rank):
         raise CorruptCheckpointError(f"{path}: manifest is for step {manifest.step} rank {manifest.rank}")
+    if manifest.file != f"{_stem(rank)}.img":  # never a path elsewhere
+        raise CorruptCheckpointError(f"{path}: manifest names the image {manifest.file!r}, not {_stem(rank)}.img")
     return manifest
+
+
+def looks_loadable(root: Path, step: int, rank: int, world_size: int) -> bool:
+    """A cheap check, no data read: a sound manifest this world size can use, and an image of its size."""
+    try:
+        manifest = read_manifest(root, step, rank)
+    except CorruptCheckpointError:
+        return False
+    if manifest.world_size != world_size and not manifest.replicated:
+        return False
+    return regular_size(step_dir(root, step) / manifest.file) == manifest.size
 
 
 def read_verified(root: Path, manifest: Manifest) -> torch.Tensor:
     """The image bytes as a uint8 tensor, after checking size and every block's CRC-32."""
     path = step_dir(root, manifest.step) / manifest.file
     try:
-        with path.open("rb", buffering=0) as source:
+        with os.fdopen(open_regular(path), "rb", buffering=0) as source:
             size = os.fstat(source.fileno()).st_size
             if size != manifest.size:
                 raise CorruptCheckpointError(f"{path}: {size} bytes, the manifest says {manifest.size} (truncated?)")
-            data = torch.empty(size, dtype=torch.uint8)
+            data = _allocate(size, path)
             view = data.numpy().data
             checksums = _Checksums()
             try:
@@ -214,6 +245,13 @@ def read_verified(root: Path, manifest: Manifest) -> torch.Tensor:
     except OSError as exc:
         raise CorruptCheckpointError(f"{path}: {exc.strerror or exc}") from None
     return data
+
+
+def _allocate(size: int, path: Path) -> torch.Tensor:
+    try:
+        return torch.empty(size, dtype=torch.uint8)
+    except (RuntimeError, MemoryError):
+        raise CheckpointError(f"{path}: cannot allocate {size} bytes of memory to read it") from None
 
 
 def _own_files(folder: Path, rank: int) -> Iterator[Path]:
@@ -236,11 +274,28 @@ def _remove_step(root: Path, step: int, rank: int) -> None:
         folder.rmdir()  # only succeeds once every rank's files are gone
 
 
-def prune(root: Path, rank: int, keep_last: int, keep_every: int | None) -> list[int]:
-    """Delete this rank's checkpoints outside the retention policy; returns the steps removed."""
-    steps = sorted(committed_steps(root, rank), reverse=True)
-    keep = set(steps[:keep_last]) | {s for s in steps if keep_every and s % keep_every == 0}
-    removed = [s for s in steps if s not in keep]
+def prune(root: Path, rank: int, world_size: int, keep_last: int, keep_every: int | None,
+          protect: Collection[int] = (), damaged: Collection[int] = ()) -> list[int]:
+    """Delete this rank's loadable checkpoints outside the retention policy; returns the steps removed.
+
+    Only checkpoints that :func:`looks_loadable` (and are not in ``damaged``, found so by a full read)
+    count toward ``keep_last``, and only those are deleted: a damaged or foreign one is left alone.
+    ``protect`` (the step just written, the newest verified one) is never deleted.
+    """
+    counted, removed = 0, []
+    for step in sorted(committed_steps(root, rank), reverse=True):  # newest first
+        if step in damaged:
+            continue
+        every = keep_every is not None and step % keep_every == 0
+        if step in protect or (every and counted >= keep_last):
+            counted += 1
+            continue
+        if not looks_loadable(root, step, rank, world_size):
+            continue
+        if counted < keep_last:
+            counted += 1
+        else:
+            removed.append(step)
     for step in removed:
         _remove_step(root, step, rank)
     return removed
@@ -248,15 +303,11 @@ def prune(root: Path, rank: int, keep_last: int, keep_every: int | None) -> list
 
 def clean_leftovers(root: Path, rank: int) -> None:
     """Remove this rank's temporary files and uncommitted images (a writer was killed mid-save)."""
-    with contextlib.suppress(OSError):
-        for entry in os.scandir(root):
-            if not _STEP_DIR.fullmatch(entry.name) or not entry.is_dir():
-                continue
-            folder = Path(entry.path)
-            committed = (folder / f"{_stem(rank)}.json").exists()
-            for path in _own_files(folder, rank):
-                if path.name.endswith(".tmp") or (not committed and path.suffix == ".img"):
-                    with contextlib.suppress(FileNotFoundError):
-                        path.unlink()
-            with contextlib.suppress(OSError):
-                folder.rmdir()
+    for _, folder in _step_folders(root):
+        committed = (folder / f"{_stem(rank)}.json").exists()
+        for path in _own_files(folder, rank):
+            if path.name.endswith(".tmp") or (not committed and path.suffix == ".img"):
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+        with contextlib.suppress(OSError):
+            folder.rmdir()

@@ -5,6 +5,7 @@
     CheckpointError               anything the user must hear about; the message names the file and cause
     ├── CheckpointWriteError      persisting failed (missing or unwritable dir, ENOSPC, EIO); nothing committed
     ├── CorruptCheckpointError    a file failed its checksum or is truncated; it is skipped on load
+    ├── CheckpointInUseError      another live writer (process or Checkpointer) owns this dir and rank
     └── WorldSizeChangedError     sharded state saved by N ranks cannot be loaded by M ≠ N ranks
 
 Write errors in the background never reach the training loop as exceptions:
@@ -25,6 +26,10 @@ class CheckpointWriteError(CheckpointError):
 
 class CorruptCheckpointError(CheckpointError):
     """A checkpoint's files are truncated, bit-flipped or inconsistent."""
+
+
+class CheckpointInUseError(CheckpointError):
+    """Another live Checkpointer — in this process or another — is already writing this dir and rank."""
 
 
 class WorldSizeChangedError(CheckpointError):

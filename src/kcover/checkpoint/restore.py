@@ -22,6 +22,7 @@ import torch
 
 from kcover.checkpoint import disk
 from kcover.checkpoint.errors import CorruptCheckpointError, WorldSizeChangedError
+from kcover.checkpoint.files import open_regular
 from kcover.checkpoint.flatten import unflatten
 from kcover.checkpoint.image import COMMITTED, Image, parse, tensor_views
 from kcover.checkpoint.manifest import Manifest
@@ -54,9 +55,15 @@ def memory_image(buffer: SnapshotBuffer, rank: int, world_size: int, token: str)
 
 
 def map_private(path: Path, size: int) -> mmap.mmap:
-    """A copy-on-write mapping of the snapshot file: reads share its pages, writes stay in this process."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    """A copy-on-write mapping of the snapshot file: reads share its pages, writes stay in this process.
+
+    Raises OSError when the file is gone, not a regular file, or shorter than ``size`` (a mapping past the
+    end of a file kills the process with SIGBUS when touched).
+    """
+    fd = open_regular(path)
     try:
+        if os.fstat(fd).st_size < size:
+            raise OSError(f"{path}: shorter than the {size} bytes its header promises")
         return mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
     finally:
         os.close(fd)

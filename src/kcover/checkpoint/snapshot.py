@@ -12,7 +12,11 @@ temporary name and renamed over the old one only once its snapshot is
 committed, so at every instant the canonical name holds a complete snapshot or
 none.  Each commit stamps the file's modification time (the node agent deletes
 snapshots no job saved for long); a file deleted under a live writer is not
-reused: the next snapshot goes to a new one.  A file is reused in place for the
+reused: the next snapshot goes to a new one (so is one whose rename into place
+failed).  Only the writer (the holder of :mod:`~kcover.checkpoint.lock`)
+removes a leftover ``.next`` file; a reader never touches the writer's files.
+Files are opened only as regular files, never through a symlink
+(:mod:`~kcover.checkpoint.files`).  A file is reused in place for the
 next snapshot (one buffer: peak extra memory is one state size) except while
 tensors restored from it — copy-on-write views of the file — are still alive:
 then the next snapshot goes to a new file (:meth:`SnapshotBuffer.freeze`).
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import mmap
 import os
 import struct
@@ -38,7 +43,10 @@ from pathlib import Path
 import torch
 
 from kcover.checkpoint.errors import CheckpointWriteError
+from kcover.checkpoint.files import open_regular, regular_size
 from kcover.checkpoint.image import COMMITTED, HEADER_SIZE, WRITING, Header, Plan, pack_header, read_header
+
+log = logging.getLogger("kcover.checkpoint")
 
 _STATE_OFFSET = 12  # the state field: written alone, first on begin and last on commit
 
@@ -53,7 +61,7 @@ class Region:
         if path is None:
             self.tensor = torch.empty(size, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
             return
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT | os.O_TRUNC if create else 0), 0o600)
+        fd = open_regular(path, os.O_RDWR | (os.O_CREAT | os.O_TRUNC if create else 0), 0o600)
         try:
             if create:
                 try:
@@ -93,13 +101,10 @@ class SnapshotBuffer:
         self.current: Region | None = None
         self._next: Region | None = None
         self._views: weakref.ref[mmap.mmap] | None = None
-        if path is not None:
-            with contextlib.suppress(FileNotFoundError):
-                self._next_path.unlink()  # a buffer left by a worker killed before it committed
-            with contextlib.suppress(OSError):
-                size = path.stat().st_size
-                if size >= HEADER_SIZE:
-                    self.current = Region(size, path)
+        size = regular_size(path) if path is not None else None
+        if path is not None and size is not None and size >= HEADER_SIZE:
+            with contextlib.suppress(OSError, ValueError):
+                self.current = Region(size, path)
 
     @property
     def _next_path(self) -> Path:
@@ -120,6 +125,12 @@ class SnapshotBuffer:
 
     def header(self) -> Header | None:
         return read_header(self.view()[:HEADER_SIZE]) if self.size >= HEADER_SIZE else None
+
+    def discard_leftover(self) -> None:
+        """As the new writer: remove a ``.next`` buffer left by a writer killed before it committed."""
+        if self.path is not None and self._next is None:
+            with contextlib.suppress(FileNotFoundError):
+                self._next_path.unlink()
 
     def freeze(self, views: mmap.mmap) -> None:
         """Do not write into the current file while ``views`` (a mapping restored tensors use) is alive."""
@@ -155,7 +166,7 @@ class SnapshotBuffer:
         if region.path is None:
             return True
         try:
-            return region.path.stat().st_ino == region.inode
+            return region.path.lstat().st_ino == region.inode
         except OSError:
             return False
 
@@ -164,7 +175,12 @@ class SnapshotBuffer:
         if region is self.current:
             return
         if region.path is not None and self.path is not None:
-            os.replace(region.path, self.path)
+            try:
+                os.replace(region.path, self.path)
+            except OSError as exc:  # its file was deleted (by hand, by a sweep): the next snapshot gets a new one
+                log.warning("kcover checkpoint: cannot put the snapshot in place at %s: %s; it stays in this "
+                            "process only", self.path, exc.strerror or exc)
+                region.inode = 0
             region.path = self.path
         if self.current is not None:
             self.current.close()
@@ -188,9 +204,10 @@ class SnapshotBuffer:
         for region in (self.current, self._next):
             if region is not None:
                 region.close()
+        ours = self._next is not None  # a .next file this process made (a reader never makes one)
         self.current = self._next = None
         if self.path is not None:
-            for path in (self._next_path, self.path) if remove else (self._next_path,):
+            for path in [self._next_path] * ours + [self.path] * remove:
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
         self.path = None
