@@ -3,7 +3,7 @@
 Only for the scanning benchmark's baseline: grep must search for the same
 patterns as kcover.  Case-insensitive rules become ``[xX]`` classes (grep has no
 per-pattern flag), ``(?:`` becomes ``(``, ``\\d`` becomes ``[0-9]``, and
-look-ahead groups, which ERE lacks, are dropped (grep then searches a superset).
+look-ahead and look-behind groups, which ERE lacks, are dropped (grep then searches a superset).
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def to_ere(pattern: str, ignore_case: bool) -> str:
             out.append("(")
             index += 3
             continue
-        if not in_class and pattern.startswith("(?!", index):
+        if not in_class and pattern.startswith(("(?!", "(?<!", "(?<=", "(?="), index):
             index = _skip_group(pattern, index)
             continue
         if char == "[" and not in_class:

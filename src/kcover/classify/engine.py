@@ -7,11 +7,18 @@ authoritative Python regular expressions in :mod:`kcover.classify.matcher`.
 On logs that are 99.9% benign, nearly every byte is handled inside the engine's
 C code and Python touches almost nothing.
 
-Hyperscan compiles every pattern in prefilter mode (a superset match), so any
-Python pattern works even where Hyperscan lacks a construct.  The fallback
+Hyperscan compiles every pattern in prefilter mode (a superset match), so most
+Python patterns work even where Hyperscan lacks a construct.  The fallback
 engine searches each pattern's required literals (:mod:`kcover.classify.literals`)
 with ``bytes.find``; it is correct but slower, and ``kcover explain --json``
 names which engine ran.
+
+A user's pattern may be valid Python that an engine cannot take (``\\u00e9``,
+``\\N{…}``, an inline ``(?a)`` or ``(?x)``, a look-behind).  Each
+pattern then falls back on its own, never the whole catalog and never with a
+crash: Hyperscan hands it to the literal engine, and the literal engine, when
+the pattern has no literal and the bytes ``re`` cannot compile it, searches the
+block decoded as text (``surrogateescape``, so offsets map back to bytes).
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import hashlib
 import os
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -40,44 +48,95 @@ class Engine(Protocol):
         ...
 
 
-def _hyperscan_pattern(pattern: str) -> bytes:
-    # Lines are re-checked by Python after normalisation (CRI and launcher
-    # prefixes stripped), so a leading anchor must not hide a raw-block hit.
-    return pattern.removeprefix("^").encode("utf-8")
+@dataclass(frozen=True)
+class PatternEntry:
+    """One line pattern of one rule, as an engine compiles it."""
+
+    pattern: str
+    rule: int
+    ignore_case: bool
+
+    @property
+    def unanchored(self) -> str:
+        # Lines are re-checked by Python after normalisation (CRI and launcher
+        # prefixes stripped), so a leading anchor must not hide a raw-block hit.
+        return self.pattern.removeprefix("^")
+
+
+def pattern_entries(rules: Sequence[Rule]) -> list[PatternEntry]:
+    """Every line pattern of ``rules``, tagged with its rule's index."""
+    return [
+        PatternEntry(pattern, index, rule.spec.ignore_case)
+        for index, rule in enumerate(rules)
+        for pattern in rule.spec.patterns
+    ]
 
 
 class HyperscanEngine:
-    """All patterns in one Hyperscan database, block mode, multiline, prefilter."""
+    """All patterns in one Hyperscan database, block mode, multiline, prefilter.
+
+    A pattern Hyperscan cannot compile, or one with non-ASCII characters
+    (Hyperscan matches bytes, Python matches characters), is searched by a
+    :class:`LiteralEngine` of its own instead.
+    """
 
     name = "hyperscan"
 
-    def __init__(self, rules: Sequence[Rule]) -> None:
-        import hyperscan
-
-        expressions: list[bytes] = []
-        flags: list[int] = []
-        ids: list[int] = []
-        base = hyperscan.HS_FLAG_PREFILTER | hyperscan.HS_FLAG_MULTILINE
-        for index, rule in enumerate(rules):
-            extra = hyperscan.HS_FLAG_CASELESS if rule.spec.ignore_case else 0
-            for pattern in rule.spec.patterns:
-                expressions.append(_hyperscan_pattern(pattern))
-                flags.append(base | extra)
-                ids.append(index)
-        self._database = _load_or_compile(expressions, flags, ids) if expressions else None
+    def __init__(self, rules: Sequence[Rule], entries: Sequence[PatternEntry] | None = None) -> None:
+        entries = pattern_entries(rules) if entries is None else list(entries)
+        taken = [entry for entry in entries if entry.pattern.isascii()]
+        refused: list[PatternEntry] = []
+        self._database: Any = None
+        if taken:
+            self._database, refused = _compile_taking_what_compiles(taken)
+        rest = [entry for entry in entries if not entry.pattern.isascii()] + refused
+        self.fallback = LiteralEngine(rules, rest) if rest else None
 
     def candidates(self, block: bytes) -> list[tuple[int, int]]:
-        if self._database is None:
-            return []
         hits: list[tuple[int, int]] = []
         append = hits.append
 
         def on_match(rule: int, _start: int, end: int, _flags: int, _context: object) -> None:
             append((end, rule))
 
-        self._database.scan(block, match_event_handler=on_match)
+        if self._database is not None:
+            self._database.scan(block, match_event_handler=on_match)
+        if self.fallback is not None:
+            hits.extend(self.fallback.candidates(block))
         hits.sort()
         return hits
+
+
+def _hyperscan_inputs(entries: Sequence[PatternEntry]) -> tuple[list[bytes], list[int], list[int]]:
+    import hyperscan
+
+    base = hyperscan.HS_FLAG_PREFILTER | hyperscan.HS_FLAG_MULTILINE
+    expressions = [entry.unanchored.encode("ascii") for entry in entries]
+    flags = [base | (hyperscan.HS_FLAG_CASELESS if entry.ignore_case else 0) for entry in entries]
+    return expressions, flags, [entry.rule for entry in entries]
+
+
+def _compile_taking_what_compiles(entries: list[PatternEntry]) -> tuple[Any, list[PatternEntry]]:
+    """A database of every entry Hyperscan compiles, and the entries it refused."""
+    try:
+        return _load_or_compile(*_hyperscan_inputs(entries)), []
+    except Exception:  # hyperscan.error; the library raises nothing more specific
+        pass
+    good = [entry for entry in entries if _compiles_alone(entry)]
+    refused = [entry for entry in entries if entry not in good]
+    return (_load_or_compile(*_hyperscan_inputs(good)) if good else None), refused
+
+
+def _compiles_alone(entry: PatternEntry) -> bool:
+    import hyperscan
+
+    expressions, flags, ids = _hyperscan_inputs([entry])
+    database = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+    try:
+        database.compile(expressions=expressions, ids=ids, elements=1, flags=flags)
+    except Exception:  # hyperscan.error
+        return False
+    return True
 
 
 def _cache_dir() -> Path:
@@ -121,19 +180,23 @@ class LiteralEngine:
 
     name = "re"
 
-    def __init__(self, rules: Sequence[Rule]) -> None:
+    def __init__(self, rules: Sequence[Rule], entries: Sequence[PatternEntry] | None = None) -> None:
         self._literals: dict[bytes, set[int]] = {}
-        residual: list[str] = []
-        for index, rule in enumerate(rules):
-            for pattern in rule.spec.patterns:
-                literals = required_literals(pattern)
-                if literals is None:
-                    flag = "(?i:" if rule.spec.ignore_case else "(?:"
-                    residual.append(f"{flag}{pattern.removeprefix('^')})")
-                    continue
+        residual: list[bytes] = []
+        self._text: list[tuple[re.Pattern[str], int]] = []
+        for entry in pattern_entries(rules) if entries is None else entries:
+            literals = required_literals(entry.pattern)
+            if literals is not None:
                 for literal in literals:
-                    self._literals.setdefault(literal.encode("utf-8"), set()).add(index)
-        self._residual = re.compile("|".join(residual).encode("utf-8"), re.MULTILINE) if residual else None
+                    self._literals.setdefault(literal.encode("utf-8"), set()).add(entry.rule)
+                continue
+            wrapped = _bytes_alternative(entry)
+            if wrapped is not None:
+                residual.append(wrapped)
+            else:
+                flags = re.MULTILINE | (re.IGNORECASE if entry.ignore_case else 0)
+                self._text.append((re.compile(entry.unanchored, flags), entry.rule))
+        self._residual = re.compile(b"|".join(residual), re.MULTILINE) if residual else None
 
     def candidates(self, block: bytes) -> list[tuple[int, int]]:
         lowered = block.lower()
@@ -147,8 +210,38 @@ class LiteralEngine:
                 position = find(literal, end)
         if self._residual is not None:
             hits.extend((match.end(), ALL_RULES) for match in self._residual.finditer(block))
+        if self._text:
+            hits.extend(_text_candidates(self._text, block))
         hits.sort()
         return hits
+
+
+def _bytes_alternative(entry: PatternEntry) -> bytes | None:
+    """The pattern as one branch of the combined bytes regex, or None if bytes ``re`` refuses it."""
+    opening = "(?i:" if entry.ignore_case else "(?:"
+    try:
+        wrapped = f"{opening}{entry.unanchored})".encode()
+        re.compile(wrapped)
+    except (re.error, UnicodeEncodeError, OverflowError, RecursionError):
+        return None
+    return wrapped
+
+
+def _text_candidates(regexes: list[tuple[re.Pattern[str], int]], block: bytes) -> list[tuple[int, int]]:
+    """Hits of text regexes on the decoded block, at byte offsets.
+
+    ``surrogateescape`` turns each undecodable byte into one character that
+    encodes back to that byte, so counting encoded lengths maps offsets exactly.
+    """
+    text = block.decode("utf-8", errors="surrogateescape")
+    hits: list[tuple[int, int]] = []
+    for regex, rule in regexes:
+        char_at, byte_at = 0, 0
+        for match in regex.finditer(text):
+            byte_at += len(text[char_at : match.end()].encode("utf-8", errors="surrogateescape"))
+            char_at = match.end()
+            hits.append((byte_at, rule))
+    return hits
 
 
 def hyperscan_available() -> bool:

@@ -6,7 +6,9 @@ match must contain (the longest run of plain characters, or one literal per
 branch of an alternation, whichever is more selective) and searches the
 lower-cased block for them with ``bytes.find``, which runs at memory speed;
 only lines containing one are checked by the real regexes.  Patterns without a
-usable literal are searched with a combined regex instead.
+usable literal are searched with a combined regex instead.  Only ASCII
+characters make literals: ``bytes.lower`` folds ASCII only, so a non-ASCII
+literal could miss its own line under ``ignore_case``.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ def _best(items: Any) -> list[str]:
     candidates: list[list[str]] = []
     run: list[str] = []
     for op, value in items:
-        if op is sre_constants.LITERAL:
+        if op is sre_constants.LITERAL and value < 128:
             run.append(chr(value))
             continue
         if run:

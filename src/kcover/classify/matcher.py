@@ -8,11 +8,22 @@ with the rules' Python regexes.  When several rules match one line, the rule of
 highest priority wins, so a specific rule (``torch.OutOfMemoryError``) beats a
 generic one (any ``…Error:`` line).  Decisions are cached per distinct line, so
 a flood of 100,000 identical lines costs one regex pass.
+
+Time and memory per line are bounded whatever the input, so neither the
+launcher's output pump nor the node agent can be stalled by one line.  A line
+longer than :data:`WHOLE_LINE_BYTES` is never given whole to a Python regex:
+only windows of :data:`WINDOW_BYTES` either side of the engine's hits are
+decoded and confirmed (a cut edge reads as ``…``, so ``^`` and ``$`` cannot
+match there), and the line's prefixes (CRI time, ``[rank3]:``) are read from
+its head.  A match must therefore lie within a window of a hit, which every
+catalog pattern does by far.  The decision cache holds at most
+:data:`CACHE_ENTRIES` lines and :data:`CACHE_BYTES` of their text.
 """
 
 from __future__ import annotations
 
 import re
+import sys
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -21,7 +32,16 @@ from kcover.classify.engine import ALL_RULES, Engine, make_engine
 from kcover.classify.rules import Rule, load_catalog_files, shipped_catalog_files
 from kcover.collect.lines import LogLine, parse_line
 
-_CACHE_SIZE = 8192
+CACHE_ENTRIES = 8192
+CACHE_BYTES = 8 << 20
+WHOLE_LINE_BYTES = 4096
+"""Lines up to this long are confirmed whole; longer ones on windows around the engine's hits."""
+WINDOW_BYTES = 2048
+"""Context kept on each side of an engine hit in a long line."""
+_LONG_TEXT_CHARS = 2 * WHOLE_LINE_BYTES
+_HEAD_BYTES = 512
+_CUT = "…"
+CacheKey = tuple[str, frozenset[int]]
 _LEADING_STAMP = re.compile(r"^\[?[\d\-T:., Z+]{8,}\]?\s*")
 _PREFIX = rb"^(?:\S+ std(?:out|err) [FP] )?(?:\[(?:rank|default)?\d+\]:|\[\d+,\d+\]<std\w+>:)?"
 _FRAME = re.compile(_PREFIX + rb"\s+File \"")
@@ -37,6 +57,37 @@ class Hit:
     rule: Rule
 
 
+class DecisionCache:
+    """Least-recently-used decisions per line text, bounded in entries and in bytes of text."""
+
+    def __init__(self, max_entries: int = CACHE_ENTRIES, max_bytes: int = CACHE_BYTES) -> None:
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._entries: OrderedDict[CacheKey, tuple[Rule | None, int]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: CacheKey) -> tuple[bool, Rule | None]:
+        """``(True, decision)`` when ``key`` is cached, else ``(False, None)``."""
+        found = self._entries.get(key)
+        if found is None:
+            return False, None
+        self._entries.move_to_end(key)
+        return True, found[0]
+
+    def put(self, key: CacheKey, decision: Rule | None) -> None:
+        size = sys.getsizeof(key[0]) + 8 * len(key[1]) + 200
+        if size > self.max_bytes // 64:
+            return
+        self._entries[key] = (decision, size)
+        self.bytes += size
+        while len(self._entries) > self.max_entries or self.bytes > self.max_bytes:
+            _, (_, dropped) = self._entries.popitem(last=False)
+            self.bytes -= dropped
+
+
 class Matcher:
     """Classifies blocks of log text with a fixed catalog (safe to share, not thread-safe)."""
 
@@ -44,7 +95,7 @@ class Matcher:
         self.rules = tuple(rules)
         self._line_rules = tuple(rule for rule in self.rules if rule.spec.patterns)
         self.engine: Engine = make_engine(self._line_rules, engine)
-        self._cache: OrderedDict[tuple[str, frozenset[int]], Rule | None] = OrderedDict()
+        self.cache = DecisionCache()
         self._everything = frozenset(range(len(self._line_rules)))
 
     @classmethod
@@ -58,21 +109,24 @@ class Matcher:
     def classify_text(self, text: str, candidates: frozenset[int] | None = None) -> Rule | None:
         """The winning rule for one decoded line, or ``None`` for a benign line.
 
-        ``candidates`` narrows the rules tried to those the engine flagged.
+        ``candidates`` narrows the rules tried to those the engine flagged.  A
+        text longer than a few kilobytes is confirmed on windows around the
+        engine's hits, like a long line in a block.
         """
+        if len(text) > _LONG_TEXT_CHARS:
+            raw = text.encode("utf-8", errors="replace")
+            found = self._classify_long(raw, self.engine.candidates(raw), with_prefixes=False)
+            return found[0] if found else None
         key = (_LEADING_STAMP.sub("", text, count=1), candidates or self._everything)
-        cache = self._cache
-        if key in cache:
-            cache.move_to_end(key)
-            return cache[key]
+        cached, decision = self.cache.get(key)
+        if cached:
+            return decision
         best: Rule | None = None
         for index in sorted(key[1]):
             rule = self._line_rules[index]
             if (best is None or rule.spec.priority > best.spec.priority) and rule.matches(text):
                 best = rule
-        cache[key] = best
-        if len(cache) > _CACHE_SIZE:
-            cache.popitem(last=False)
+        self.cache.put(key, best)
         return best
 
     def scan_block(self, block: bytes, first_line: int) -> Iterator[Hit]:
@@ -82,29 +136,77 @@ class Matcher:
             return
         line_number = first_line
         counted_to = 0
-        lines: dict[int, set[int]] = {}
+        lines: dict[int, list[tuple[int, int]]] = {}
         for end, rule_index in offsets:
             start = block.rfind(b"\n", 0, max(end - 1, 0)) + 1
-            lines.setdefault(start, set()).add(rule_index)
-        for start, rules in lines.items():
+            lines.setdefault(start, []).append((end - start, rule_index))
+        for start, hits in lines.items():
             line_number += block.count(b"\n", counted_to, start)
             counted_to = start
             stop = block.find(b"\n", start)
             raw = block[start:] if stop < 0 else block[start:stop]
             if _is_traceback_code(block, start, raw):
                 continue
-            line = parse_line(raw)
-            candidates = None if ALL_RULES in rules else frozenset(rules)
-            winner = self.classify_text(line.text, candidates)
-            if winner is not None:
-                yield Hit(line_number=line_number, line=line, rule=winner)
+            found = self._classify_raw(raw, hits)
+            if found is not None:
+                yield Hit(line_number=line_number, line=found[1], rule=found[0])
+
+    def _classify_raw(self, raw: bytes, hits: list[tuple[int, int]]) -> tuple[Rule, LogLine] | None:
+        """The winner of one raw line given the engine's hits in it, with the line as kept."""
+        if len(raw) > WHOLE_LINE_BYTES:
+            return self._classify_long(raw, hits, with_prefixes=True)
+        line = parse_line(raw)
+        winner = self.classify_text(line.text, _candidates(hits))
+        return (winner, line) if winner is not None else None
+
+    def _classify_long(
+        self, raw: bytes, hits: list[tuple[int, int]], *, with_prefixes: bool
+    ) -> tuple[Rule, LogLine] | None:
+        """Confirm a long line on windows around its hits; the best rule and its window."""
+        best: tuple[Rule, str] | None = None
+        for start, stop, rules in _windows(len(raw), hits):
+            text = _window_text(raw, start, stop, with_prefixes)
+            winner = self.classify_text(text, _candidates(rules))
+            if winner is not None and (best is None or winner.spec.priority > best[0].spec.priority):
+                best = (winner, text)
+        if best is None:
+            return None
+        head = parse_line(raw[:_HEAD_BYTES]) if with_prefixes else LogLine(text="")
+        return best[0], LogLine(text=best[1], timestamp=head.timestamp, rank=head.rank, node=head.node)
+
+
+def _candidates(hits: list[tuple[int, int]]) -> frozenset[int] | None:
+    rules = frozenset(rule for _, rule in hits)
+    return None if ALL_RULES in rules else rules
+
+
+def _windows(length: int, hits: list[tuple[int, int]]) -> list[tuple[int, int, list[tuple[int, int]]]]:
+    """Byte windows around the hits of one line; a hit close to the last window joins it.
+
+    Every hit keeps at least :data:`WINDOW_BYTES` before it and a quarter of
+    that after it inside its window.
+    """
+    windows: list[tuple[int, int, list[tuple[int, int]]]] = []
+    for end, rule in sorted(hits):
+        if windows and end + WINDOW_BYTES // 4 <= windows[-1][1]:
+            windows[-1][2].append((end, rule))
+            continue
+        windows.append((max(0, end - WINDOW_BYTES), min(length, end + WINDOW_BYTES), [(end, rule)]))
+    return windows
+
+
+def _window_text(raw: bytes, start: int, stop: int, with_prefixes: bool) -> str:
+    """One window decoded, prefixes stripped at the line's head, cut edges shown as ``…``."""
+    piece = raw[start:stop]
+    text = parse_line(piece).text if start == 0 and with_prefixes else piece.decode("utf-8", errors="replace")
+    return (_CUT if start > 0 else "") + text + (_CUT if stop < len(raw) else "")
 
 
 def _is_traceback_code(block: bytes, start: int, raw: bytes) -> bool:
     """A ``File "…"`` frame of a Python traceback, or the source line shown under one."""
-    if _FRAME.match(raw):
+    if _FRAME.match(raw[:_HEAD_BYTES]):
         return True
-    if start == 0 or not _INDENTED.match(raw):
+    if start == 0 or not _INDENTED.match(raw[:_HEAD_BYTES]):
         return False
     previous_start = block.rfind(b"\n", 0, start - 1) + 1
-    return bool(_FRAME.match(block[previous_start : start - 1]))
+    return bool(_FRAME.match(block[previous_start : min(start - 1, previous_start + _HEAD_BYTES)]))

@@ -8,14 +8,21 @@ the fault means (category, severity, retriable, node at fault, root or cascade
 role), a remediation text, and example and counter-example lines that the test
 suite checks.
 
-A bad catalog is refused whole with :class:`CatalogError`, whose message names
-the file, the rule id and the field, so a broken rule never reaches a running
-job.  Called by :mod:`kcover.classify.matcher` and by the ``--catalog`` option.
+A bad catalog is refused whole with :class:`CatalogError`, whose one-line
+message names the file, the rule id and the field, so a broken rule never
+reaches a running job.  Catalogs are input like any other: a file is read only
+when it is a regular file of at most :data:`MAX_CATALOG_BYTES`, YAML aliases
+(the "billion laughs" expansion) are refused, and every pattern must pass the
+linear-time check of :mod:`kcover.classify.lint` (no pattern that can match the
+empty string or backtrack without bound).  Called by
+:mod:`kcover.classify.matcher` and by the ``--catalog`` option.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -25,9 +32,12 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from kcover.classify.lint import regex_problem
 from kcover.faults import Action, Category, Role, Severity
 
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+MAX_CATALOG_BYTES = 4 << 20
+"""Largest catalog file read (the shipped files are about 20 KB each)."""
 
 
 class CatalogError(ValueError):
@@ -62,11 +72,9 @@ class RuleSpec(BaseModel):
     def _regexes_compile(cls, value: list[str]) -> list[str]:
         for pattern in value:
             try:
-                compiled = re.compile(pattern)
-            except re.error as exc:
-                raise ValueError(f"bad regular expression {pattern!r}: {exc}") from None
-            if compiled.fullmatch(""):
-                raise ValueError(f"pattern {pattern!r} matches the empty string")
+                re.compile(pattern)
+            except (re.error, OverflowError, RecursionError) as exc:
+                raise ValueError(f"bad regular expression {_shown(pattern)}: {exc}") from None
         return value
 
 
@@ -124,20 +132,52 @@ def _build(spec: RuleSpec, source: str) -> Rule:
     )
 
 
+def _shown(text: str, limit: int = 120) -> str:
+    """``repr`` of a user string, cut so that an error message stays one short line."""
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + f"… ({len(text)} chars)"
+
+
 def _describe(error: ValidationError, source: str, rule_id: str) -> str:
     problems = []
     for item in error.errors():
         where = ".".join(str(part) for part in item["loc"]) or "(rule)"
-        problems.append(f"{source}: rule {rule_id!r}: field {where!r}: {item['msg']}")
-    return "\n".join(problems)
+        problems.append(f"field {where!r}: {item['msg']}")
+    return f"{source}: rule {rule_id}: " + "; ".join(problems)
+
+
+def _check_regexes(spec: RuleSpec, source: str) -> None:
+    """Refuse a pattern that could take super-linear time or match the empty string."""
+    for field in ("patterns", "unless"):
+        for pattern in getattr(spec, field):
+            problem = regex_problem(pattern, spec.ignore_case)
+            if problem is not None:
+                raise CatalogError(
+                    f"{source}: rule {spec.id!r}: field {field!r}: pattern {_shown(pattern)} {problem}"
+                )
+
+
+def _refuse_aliases(text: str, source: str) -> None:
+    """Refuse YAML aliases: ``*a`` repeated in nested lists expands to gigabytes."""
+    try:
+        for event in yaml.parse(text, Loader=_LOADER):
+            if isinstance(event, yaml.AliasEvent):
+                line = event.start_mark.line + 1 if event.start_mark else "?"
+                raise CatalogError(f"{source}: line {line}: YAML aliases (*name) are not allowed in a catalog")
+    except yaml.YAMLError as exc:
+        raise CatalogError(f"{source}: not valid YAML: {_one_line(exc)}") from None
+
+
+def _one_line(error: Exception) -> str:
+    return " ".join(str(error).split())
 
 
 def parse_catalog(text: str, source: str) -> list[Rule]:
     """Parse one catalog file's text; raise :class:`CatalogError` naming what is wrong."""
+    _refuse_aliases(text, source)
     try:
         document = yaml.load(text, Loader=_LOADER)
     except yaml.YAMLError as exc:
-        raise CatalogError(f"{source}: not valid YAML: {exc}") from None
+        raise CatalogError(f"{source}: not valid YAML: {_one_line(exc)}") from None
     if not isinstance(document, dict) or not isinstance(document.get("rules"), list):
         raise CatalogError(f"{source}: expected a mapping with a 'rules:' list")
     defaults = document.get("defaults") or {}
@@ -147,7 +187,7 @@ def parse_catalog(text: str, source: str) -> list[Rule]:
     for index, raw in enumerate(document["rules"]):
         if not isinstance(raw, dict):
             raise CatalogError(f"{source}: rule #{index + 1}: expected a mapping")
-        rule_id = str(raw.get("id", f"#{index + 1}"))
+        rule_id = _shown(str(raw.get("id", f"#{index + 1}")), 80)
         merged: dict[str, Any] = {**defaults, **raw}
         try:
             spec = RuleSpec.model_validate(merged)
@@ -155,9 +195,10 @@ def parse_catalog(text: str, source: str) -> list[Rule]:
             raise CatalogError(_describe(exc, source, rule_id)) from None
         if not spec.patterns and not spec.exit_codes and not spec.reasons:
             raise CatalogError(
-                f"{source}: rule {rule_id!r}: field 'patterns': "
+                f"{source}: rule {rule_id}: field 'patterns': "
                 "a rule needs patterns, exit_codes or reasons"
             )
+        _check_regexes(spec, source)
         rules.append(_build(spec, source))
     return rules
 
@@ -166,13 +207,46 @@ def load_catalog_files(paths: Iterable[Path]) -> list[Rule]:
     """Load catalog files in order; a user file cannot reuse a shipped rule id."""
     rules: list[Rule] = []
     for path in paths:
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise CatalogError(f"{path}: cannot read catalog: {exc}") from None
-        rules.extend(parse_catalog(text, str(path)))
+        rules.extend(parse_catalog(read_catalog_text(path), str(path)))
     check_unique(rules)
     return rules
+
+
+def read_catalog_text(path: Path) -> str:
+    """A catalog file's text, refusing what is not a regular file of bounded size.
+
+    Opened without blocking (a FIFO would otherwise wait for a writer) and read
+    with a bound (``/dev/zero`` never ends), then decoded as UTF-8.
+    """
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise CatalogError(f"{path}: cannot read catalog: {exc.strerror or exc}") from None
+    try:
+        data = _read_regular(descriptor, path)
+    finally:
+        os.close(descriptor)
+    if len(data) > MAX_CATALOG_BYTES:
+        raise CatalogError(f"{path}: cannot read catalog: larger than {MAX_CATALOG_BYTES} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CatalogError(f"{path}: cannot read catalog: not UTF-8 ({exc.reason} at byte {exc.start})") from None
+
+
+def _read_regular(descriptor: int, path: Path) -> bytes:
+    """Up to one byte more than the limit from an open file, which must be a regular file."""
+    if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+        raise CatalogError(f"{path}: cannot read catalog: not a regular file")
+    chunks: list[bytes] = []
+    left = MAX_CATALOG_BYTES + 1
+    try:
+        while left > 0 and (chunk := os.read(descriptor, min(left, 1 << 20))):
+            chunks.append(chunk)
+            left -= len(chunk)
+    except OSError as exc:
+        raise CatalogError(f"{path}: cannot read catalog: {exc.strerror or exc}") from None
+    return b"".join(chunks)
 
 
 def check_unique(rules: Sequence[Rule]) -> None:
