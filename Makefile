@@ -44,3 +44,4 @@ bench: setup
 	$(BIN)/python -m bench.scan_memory
 	$(BIN)/python -m bench.launcher_latency
 	$(BIN)/python -m bench.launcher_overhead
+	$(BIN)/python -m bench.launcher_throughput

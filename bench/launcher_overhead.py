@@ -38,9 +38,9 @@ def main() -> None:
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         me = psutil.Process(process.pid)
+        workers = started_workers(me, args.nproc)
         time.sleep(1.0)  # start-up (imports, catalog) is not steady-state overhead
         cpu_start = me.cpu_times()
-        workers = {p.pid: p for p in me.children()}
         worker_start = {pid: p.cpu_times() for pid, p in workers.items()}
         began = time.monotonic()
         peak_rss = 0
@@ -54,8 +54,7 @@ def main() -> None:
             time.sleep(0.2)
         window = time.monotonic() - began
         process.wait(timeout=120)
-        lines = sum(len((Path(folder) / "attempt-1" / f"rank{r}.log").read_bytes().splitlines())
-                    for r in range(args.nproc))
+        lines = sum(len(log.read_bytes().splitlines()) for log in Path(folder).glob("runs/*/attempt-1/rank*.log"))
     kcover_cpu = (cpu_end.user + cpu_end.system) - (cpu_start.user + cpu_start.system)
     worker_cpu = sum((worker_end[p].user + worker_end[p].system) - (worker_start[p].user + worker_start[p].system)
                      for p in workers)
@@ -63,6 +62,18 @@ def main() -> None:
     print(f"kcover CPU {kcover_cpu / window * 100:5.1f}% of one core (target <= 5%);"
           f" workers {worker_cpu / window * 100:5.1f}%; ratio kcover/workers {kcover_cpu / max(worker_cpu, 1e-9):.2f}")
     print(f"kcover peak RSS {peak_rss / 2**20:.1f} MB (target <= 100 MB)")
+
+
+def started_workers(kcover: psutil.Process, count: int) -> dict[int, psutil.Process]:
+    """kcover's worker processes, once all ``count`` started (a loaded machine may take seconds)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        with contextlib.suppress(psutil.Error):
+            found = {p.pid: p for p in kcover.children() if str(WORKER) in " ".join(p.cmdline())}
+            if len(found) == count:
+                return found
+        time.sleep(0.05)
+    raise SystemExit(f"kcover did not start {count} workers within 60 s")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,10 @@
 """``explain``: from log text or log files to a verdict, the library's front door.
 
 ``kcover.explain(text)`` classifies a string or lines; :func:`explain_paths`
-reads files and folders of per-rank logs; :func:`scan_stream` is the streaming
-core both use (and the launcher uses for live worker output).  Memory stays
+reads files and folders of per-rank logs (:func:`read_paths` also says how
+many files it read: a verdict from nothing read means nothing);
+:func:`scan_stream` is the streaming core both use (and the launcher uses for
+live worker output).  Memory stays
 bounded on any input: blocks of about 1 MiB are scanned and only the lines the
 engine flags are ever decoded.
 """
@@ -19,6 +21,7 @@ from kcover.classify.attribution import attribute
 from kcover.classify.collector import FaultCollector, SourceInfo
 from kcover.classify.matcher import Matcher
 from kcover.collect.lines import read_blocks
+from kcover.collect.printable import printable
 from kcover.collect.sources import find_sources
 from kcover.faults import Verdict
 
@@ -65,13 +68,20 @@ def explain(
 
 def explain_paths(paths: Sequence[Path], *, matcher: Matcher | None = None) -> Verdict:
     """The verdict for a job whose logs are these files and folders (one source per file)."""
+    return read_paths(paths, matcher=matcher)[0]
+
+
+def read_paths(paths: Sequence[Path], *, matcher: Matcher | None = None) -> tuple[Verdict, int]:
+    """:func:`explain_paths`, also returning how many files were read (0: the verdict means nothing)."""
     matcher = matcher or default_matcher()
     sources, warnings = find_sources(list(paths))
     collector = FaultCollector()
+    read = 0
     for source in sources:
         try:
             with source.path.open("rb") as stream:
                 scan_stream(matcher, stream, source.info, collector)
+            read += 1
         except OSError as exc:
-            warnings.append(f"{source.path}: cannot read ({exc.strerror or exc}), skipped")
-    return attribute(collector.faults, warnings)
+            warnings.append(f"{printable(str(source.path))}: cannot read ({exc.strerror or exc}), skipped")
+    return attribute(collector.faults, warnings), read

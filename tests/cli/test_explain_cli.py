@@ -102,3 +102,83 @@ def test_pure_python_engine_gives_the_same_verdict() -> None:
     assert slow["engine"] == "re"
     assert fast["verdict"] == slow["verdict"]
     assert [f["rule"] for f in fast["faults"]] == [f["rule"] for f in slow["faults"]]
+
+
+def test_empty_folder_is_nothing_read_not_no_fault(tmp_path: Path) -> None:
+    (tmp_path / "logs").mkdir()
+    done = kcover("explain", str(tmp_path / "logs"))
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [f"kcover: nothing was read: no log file in {tmp_path / 'logs'}"]
+    assert "no fault" not in done.stdout
+
+
+def test_folder_of_unreadable_files_is_nothing_read(tmp_path: Path) -> None:
+    (tmp_path / "dangling.log").symlink_to(tmp_path / "gone.log")
+    (tmp_path / "loop.log").symlink_to(tmp_path / "loop.log")
+    os.mkfifo(tmp_path / "pipe.log")
+    done = kcover("explain", "--json", str(tmp_path))
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 4 and all("skipped" in line for line in lines[:3])
+    assert lines[3].startswith("kcover: nothing was read: not one of the 3 paths")
+    assert json.loads(done.stdout)["status"] == "usage_error"
+
+
+def test_symlink_loop_is_called_a_symlink_loop(tmp_path: Path) -> None:
+    (tmp_path / "a.log").symlink_to(tmp_path / "b.log")
+    (tmp_path / "b.log").symlink_to(tmp_path / "a.log")
+    alone = kcover("explain", str(tmp_path / "a.log"))
+    assert alone.returncode == 2
+    assert alone.stderr.strip() == f"kcover: nothing was read: {tmp_path / 'a.log'}: symlink loop (ELOOP)"
+    (tmp_path / "rank0.log").write_text(XID)
+    inside = kcover("explain", str(tmp_path))
+    assert inside.returncode == 1
+    assert f"{tmp_path / 'a.log'}: symlink loop (ELOOP), skipped" in inside.stderr
+    assert "no such file" not in inside.stderr
+
+
+def test_escape_sequences_in_file_names_are_never_printed_raw(tmp_path: Path) -> None:
+    evil = "node-\x1b]0;pwned\x07\x1b[2J"
+    (tmp_path / evil).mkdir()
+    (tmp_path / evil / "rank3.log").write_text(XID)
+    (tmp_path / "\x1b[31mgone.log").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "[bold]node-7").mkdir()
+    (tmp_path / "[bold]node-7" / "rank1.log").write_text(XID)
+    done = kcover("explain", str(tmp_path))
+    assert done.returncode == 1
+    for text in (done.stdout, done.stderr):
+        assert "\x1b" not in text and "\x07" not in text
+    assert "\\x1b[31mgone.log: not a regular file (broken symlink)" in done.stderr
+    assert "node-\\x1b]0;pwned\\x07\\x1b[2J" in done.stdout
+    assert "[bold]node-7" in done.stdout  # shown as text, not taken as markup
+    document = json.loads(kcover("explain", "--json", str(tmp_path)).stdout)
+    assert sorted(document["verdict"]["nodes"]) == ["[bold]node-7", "node-\\x1b]0;pwned\\x07\\x1b[2J"]
+
+
+def test_undecodable_node_names_give_valid_utf8_json(tmp_path: Path) -> None:
+    folder = os.fsencode(tmp_path) + b"/node-\xff\xfe"
+    os.mkdir(folder)
+    with open(folder + b"/rank0.log", "wb") as log:
+        log.write(XID.encode())
+    os.symlink(b"/nowhere", os.fsencode(tmp_path) + b"/bad-\xff.log")
+    done = subprocess.run([sys.executable, "-m", "kcover", "explain", "--json", os.fsencode(tmp_path)],
+                          capture_output=True, check=False, timeout=60)
+    assert done.returncode == 1
+    text = done.stdout.decode("utf-8")  # strict
+    assert "\\ud" not in text  # no lone surrogate, escaped or not
+    document = json.loads(text)
+    assert document["verdict"]["nodes"] == ["node-\\xff\\xfe"]
+    assert document["faults"][0]["evidence"]["source"] == "node-\\xff\\xfe/rank0.log"
+    assert any("bad-\\xff.log" in warning for warning in document["warnings"])
+    table = subprocess.run([sys.executable, "-m", "kcover", "explain", os.fsencode(tmp_path)],
+                           capture_output=True, check=False, timeout=60)
+    assert "node-\\xff\\xfe" in table.stdout.decode("utf-8")
+    assert b"Traceback" not in table.stderr
+
+
+def test_closed_stdin_is_nothing_read_not_a_traceback() -> None:
+    done = subprocess.run(["bash", "-c", 'exec "$@" <&-', "bash", sys.executable, "-m", "kcover", "explain"],
+                          capture_output=True, text=True, check=False, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip() == "kcover: nothing was read: stdin is closed (give log files or folders, or pipe " \
+                                  "logs in)"

@@ -10,13 +10,13 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from kcover.cli.main import build_app
 from kcover.health import registry
 from kcover.health.model import Status
 from kcover.health.nvidia_smi import NvidiaSmiReportError, load_report, recording_from_xml
@@ -24,6 +24,12 @@ from kcover.health.nvml import GpuReading, ReplayNvml, read_gpus
 from kcover.health.registry import CheckContext
 
 REPORTS = Path(__file__).parent / "fixtures" / "nvidia-smi"
+
+
+def kcover(args: list[str]) -> subprocess.CompletedProcess[str]:
+    """The real command line, as a user runs it (its error lines, its exit codes)."""
+    return subprocess.run([sys.executable, "-m", "kcover", *args], capture_output=True, text=True, timeout=120,
+                          check=False)
 
 
 def reading(name: str, edit: tuple[str, str] | None = None) -> GpuReading:
@@ -115,25 +121,23 @@ def test_one_value_made_faulty_in_a_real_report_fails_its_check(
 
 
 def test_cli_judges_a_saved_report_and_refuses_a_bad_one(tmp_path: Path) -> None:
-    runner = CliRunner()
-    app = build_app()
-    done = runner.invoke(app, ["check", "--json", "--only", "gpu", "--skip", "gpu.xid",
+    done = kcover(["check", "--json", "--only", "gpu", "--skip", "gpu.xid",
                                "--nvidia-smi-xml", str(REPORTS / "tesla-t4.xml")])
-    assert done.exit_code == 0, done.output  # a narrow link warns, it does not fail
+    assert done.returncode == 0, done.stderr  # a narrow link warns, it does not fail
     statuses = {c["name"]: c["status"] for c in json.loads(done.stdout)["checks"]}
     assert statuses == {"gpu.inventory": "pass", "gpu.ecc": "pass", "gpu.memory_rows": "pass",
                         "gpu.thermal": "pass", "gpu.nvlink": "skipped", "gpu.pcie": "warn"}
     broken = tmp_path / "cut.xml"
     broken.write_text((REPORTS / "a10g.xml").read_text()[:3000])
-    refused = runner.invoke(app, ["check", "--only", "gpu.ecc", "--nvidia-smi-xml", str(broken)])
-    assert refused.exit_code == 2
-    assert f"{broken}: not XML" in refused.output and "Traceback" not in refused.output
+    refused = kcover(["check", "--only", "gpu.ecc", "--nvidia-smi-xml", str(broken)])
+    assert refused.returncode == 2
+    assert f"{broken}: not XML" in refused.stderr and "Traceback" not in refused.stderr
     other = tmp_path / "other.xml"
     other.write_text("<config><gpu/></config>")
     with pytest.raises(NvidiaSmiReportError, match="root element <config>"):
         load_report(other)
-    missing = runner.invoke(app, ["check", "--only", "gpu.ecc", "--nvidia-smi-xml", str(tmp_path / "none.xml")])
-    assert missing.exit_code == 2 and "cannot read" in missing.output
+    missing = kcover(["check", "--only", "gpu.ecc", "--nvidia-smi-xml", str(tmp_path / "none.xml")])
+    assert missing.returncode == 2 and "cannot read" in missing.stderr
 
 
 def _stand_in(folder: Path, script: str) -> dict[str, str]:

@@ -36,9 +36,9 @@ def test_xid_on_one_node_restarts_on_a_spare_and_succeeds(tmp_path: Path) -> Non
     assert doc["attempts"][1]["nodes"] == ["node-2", "node-1"]
     assert {f["category"] for f in doc["faults"]} >= {"gpu_hardware"}
     assert 0 < doc["ettr"] < 1
-    logs = sorted(p.name for p in (tmp_path / "state" / "attempt-1").glob("rank*.log"))
+    logs = sorted(p.name for p in (Path(doc["run_dir"]) / "attempt-1").glob("rank*.log"))
     assert logs == ["rank0.log", "rank1.log", "rank2.log", "rank3.log"]
-    assert "fallen off the bus" in (tmp_path / "state" / "attempt-1" / "rank1.log").read_text()
+    assert "fallen off the bus" in (Path(doc["run_dir"]) / "attempt-1" / "rank1.log").read_text()
 
 
 def test_same_key_error_everywhere_fails_after_one_retry(tmp_path: Path) -> None:
@@ -63,7 +63,7 @@ def test_hang_in_allreduce_is_detected_stacks_kept_and_recovered(tmp_path: Path)
     hang_seen = first["timings"]["first_fault_seconds"] - first["timings"]["first_progress_seconds"]
     assert 4 <= hang_seen <= 4 + 5
     assert time.monotonic() - started < 90
-    stacks = (tmp_path / "state" / "attempt-1" / "stacks.txt").read_text()
+    stacks = (Path(doc["run_dir"]) / "attempt-1" / "stacks.txt").read_text()
     assert "rank 1" in stacks
 
 
@@ -148,7 +148,7 @@ def test_sigterm_to_kcover_stops_workers_and_records_interrupted(tmp_path: Path)
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     deadline = time.monotonic() + 30
-    while not (state / "attempt-1" / "rank1.log").exists() and time.monotonic() < deadline:
+    while not list(state.glob("runs/*/attempt-1/rank1.log")) and time.monotonic() < deadline:
         time.sleep(0.05)
     process.send_signal(signal.SIGTERM)
     out, _ = process.communicate(timeout=30)
@@ -180,4 +180,4 @@ def test_failed_preflight_starts_nothing(tmp_path: Path) -> None:
                           capture_output=True, text=True, check=False, timeout=120)
     assert done.returncode == 1
     assert "preflight failed, nothing started: storage.free" in done.stderr
-    assert not (state / "attempt-1").exists()
+    assert not (state / "runs").exists()

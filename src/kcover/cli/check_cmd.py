@@ -11,13 +11,15 @@ Registered in :mod:`kcover.cli.main`.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
+from kcover.cli.usage import UsageError, seconds, whole_number
+from kcover.collect.printable import json_text, printable
 from kcover.health import registry
 from kcover.health.config import HealthConfigError, load_config
 from kcover.health.model import CheckResult, HealthReport, Status
@@ -29,6 +31,7 @@ from kcover.health.registry import CheckContext
 from kcover.health.runner import run_checks, select_checks
 
 USAGE = 2
+MAX_SIMULATED_NODES = 64  # local processes forked for --simulate-nodes
 _COLOURS = {Status.PASS: "green", Status.WARN: "yellow", Status.FAIL: "red", Status.ERROR: "red", Status.SKIPPED: "dim"}
 
 ConfigOption = Annotated[Path | None, typer.Option("--config", help="YAML merged over the default thresholds.")]
@@ -41,18 +44,13 @@ ReportOption = Annotated[Path | None, typer.Option(
     "--nvidia-smi-xml", help="Judge the GPUs of a saved `nvidia-smi -q -x` report instead of this machine's.")]
 
 
-def _fail_usage(message: str) -> typer.Exit:
-    typer.echo(f"kcover: {message}", err=True)
-    return typer.Exit(USAGE)
-
-
 def _line(result: CheckResult) -> str:
     value = "" if result.value is None else f"{result.value} {result.unit}".strip()
     limit = "" if result.threshold is None else f" (threshold {result.threshold})"
     colour = _COLOURS[result.status]
-    return (
-        f"[{colour}]{result.status.value:<7}[/{colour}] {result.name:<22} {value}{limit}  "
-        f"{result.reason}  [dim]{result.seconds:.2f} s[/dim]"
+    return (  # a reason may quote a path or a device's answer: text, not markup
+        f"[{colour}]{result.status.value:<7}[/{colour}] {escape(printable(result.name)):<22} "
+        f"{escape(printable(value + limit))}  {escape(printable(result.reason))}  [dim]{result.seconds:.2f} s[/dim]"
     )
 
 
@@ -75,7 +73,8 @@ def check(
         "--node", help="Run the suite on this Kubernetes node, by its kcover agent, and wait for the result.")] = None,
     kubeconfig: Annotated[Path | None, typer.Option(help="With --node: kubeconfig (default: KUBECONFIG, "
                                                          "~/.kube/config, in-cluster).")] = None,
-    timeout: Annotated[float, typer.Option(help="With --node: seconds to wait for the agent's answer.")] = 900.0,
+    timeout: Annotated[float, typer.Option(help="With --node: seconds to wait for the agent's answer.",
+                                           callback=seconds())] = 900.0,
     list_checks: Annotated[bool, typer.Option("--list", help="List the registered checks and exit.")] = False,
 ) -> None:
     """Check this node's health: GPUs, DCGM, compute, collectives, storage, network."""
@@ -86,15 +85,15 @@ def check(
     try:
         cfg = load_config(config, known_checks=registry.names())
         if suite not in cfg.suites:
-            raise _fail_usage(f"unknown suite {suite!r}; configured: {', '.join(sorted(cfg.suites))}")
+            raise UsageError(f"unknown suite {suite!r}; configured: {', '.join(sorted(cfg.suites))}")
         names = select_checks(cfg.suites[suite], only or (), skip or ())
     except HealthConfigError as exc:
-        raise _fail_usage(f"invalid health configuration: {exc}") from None
+        raise UsageError(f"invalid health configuration: {exc}") from None
     except KeyError as exc:
-        raise _fail_usage(str(exc.args[0])) from None
+        raise UsageError(str(exc.args[0])) from None
     if node is not None:
         if only or skip or nvidia_smi_xml or checkpoint_dir or config:
-            raise _fail_usage("--node runs a whole suite as that node's agent is configured: "
+            raise UsageError("--node runs a whole suite as that node's agent is configured: "
                               "--only, --skip, --config, --checkpoint-dir and --nvidia-smi-xml do not apply")
         _check_remote(node, suite, kubeconfig, timeout, as_json)
     if checkpoint_dir is not None:
@@ -104,12 +103,12 @@ def check(
         try:
             saved = load_report(nvidia_smi_xml)
         except NvidiaSmiReportError as exc:
-            raise _fail_usage(str(exc)) from None
+            raise UsageError(str(exc)) from None
         nvml = lambda: saved  # noqa: E731
     printer = _printer(not as_json)
     report = run_checks(names, CheckContext(cfg, nvml=nvml), on_result=printer if callable(printer) else None)
     if as_json:
-        typer.echo(json.dumps(report.to_dict(), indent=2))
+        typer.echo(json_text(report.to_dict()))
     else:
         _summary(report)
     raise typer.Exit(0 if report.ok else 1)
@@ -125,7 +124,7 @@ def _check_remote(node: str, suite: str, kubeconfig: Path | None, timeout: float
     try:
         record = request_suite(api, node, suite, timeout)
     except NoSuchNodeError as exc:
-        raise _fail_usage(str(exc)) from None
+        raise UsageError(str(exc)) from None
     if record is None:
         typer.echo(f"kcover: no answer from the kcover agent on node {node} within {timeout:g} s (is it running "
                    "there?); the request was withdrawn", err=True)
@@ -137,7 +136,7 @@ def _check_remote(node: str, suite: str, kubeconfig: Path | None, timeout: float
         CheckResult(c["name"], Status(c["status"]), c.get("reason", ""), c.get("value"), c.get("unit", ""),
                     c.get("threshold"), c.get("seconds", 0.0)) for c in record.get("checks", [])))
     if as_json:
-        typer.echo(json.dumps({**report.to_dict(), "suite": suite, "at": record.get("at")}, indent=2))
+        typer.echo(json_text({**report.to_dict(), "suite": suite, "at": record.get("at")}))
     else:
         printer = _printer(True)
         for result in report.checks:
@@ -162,7 +161,8 @@ def preflight(
     config: ConfigOption = None,
     checkpoint_dir: DirOption = None,
     simulate_nodes: Annotated[
-        int, typer.Option("--simulate-nodes", help="Also run the pairwise slow-node test over N local nodes.")
+        int, typer.Option("--simulate-nodes", help="Also run the pairwise slow-node test over N local nodes.",
+                          callback=whole_number(2, MAX_SIMULATED_NODES, also=0, meaning="off"))
     ] = 0,
     pairwise: Annotated[
         bool,
@@ -191,11 +191,11 @@ def preflight(
             node=node,
         )
     except HealthConfigError as exc:
-        raise _fail_usage(f"invalid health configuration: {exc}") from None
+        raise UsageError(f"invalid health configuration: {exc}") from None
     except (KeyError, PairwiseSetupError) as exc:
-        raise _fail_usage(str(exc.args[0])) from None
+        raise UsageError(str(exc.args[0])) from None
     if as_json:
-        typer.echo(json.dumps(result.to_dict(), indent=2))
+        typer.echo(json_text(result.to_dict()))
     else:
         printer = _printer(True)
         for item in result.report.checks:

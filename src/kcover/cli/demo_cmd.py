@@ -9,18 +9,19 @@ finishes from its last checkpoint.  About a minute on two cores.
 
 from __future__ import annotations
 
-import json
-import shutil
 import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from kcover.cli.usage import UsageError
+from kcover.collect.printable import json_text
 from kcover.decide.policy import RecoveryPolicy
+from kcover.launcher import statedir
 from kcover.launcher.inject import parse_injections
 from kcover.launcher.reporting import print_summary, run_document
-from kcover.launcher.spec import RunSpec
+from kcover.launcher.spec import RunSpec, SpecError
 from kcover.launcher.supervisor import Supervisor
 
 STEPS = 50
@@ -35,11 +36,13 @@ def demo(
     try:
         import torch  # noqa: F401
     except ImportError:
-        typer.echo("kcover: the demo needs PyTorch: pip install 'kcover[torch]'", err=True)
-        raise typer.Exit(2) from None
+        raise UsageError("the demo needs PyTorch: pip install 'kcover[torch]'") from None
     from kcover.demo.live import LiveReporter
 
-    shutil.rmtree(state_dir, ignore_errors=True)
+    try:
+        statedir.wipe(state_dir)  # a fresh start, but never under a run that holds this state dir
+    except SpecError as exc:
+        raise UsageError(str(exc)) from None
     spec = RunSpec(
         command=(sys.executable, "-m", "kcover.demo.train_ddp", "--steps", str(STEPS)),
         nproc_per_node=2, nnodes=2, spare_nodes=1, state_dir=state_dir,
@@ -51,5 +54,5 @@ def demo(
     print_summary(result)
     typer.echo(f"worker logs, kernel messages, stacks and checkpoints: {state_dir}/", err=True)
     if as_json:
-        typer.echo(json.dumps(run_document(result), indent=2))
+        typer.echo(json_text(run_document(result)))
     raise typer.Exit(result.exit_code)

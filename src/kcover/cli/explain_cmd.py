@@ -2,12 +2,14 @@
 
 Human output is a short table of faults and the verdict (colour on a TTY);
 ``--json`` prints one JSON object (see the README).  Exit code 0 when no fatal
-fault was found, 1 when one was, 2 on a usage error.
+fault was found, 1 when one was, 2 on a usage error — an unknown option or
+engine, or paths of which not one file could be read (a missing file, an empty
+folder, a folder of unreadable files): a verdict over nothing would claim
+"no fault" about logs never seen.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -16,8 +18,11 @@ import typer
 
 from kcover.classify.attribution import attribute
 from kcover.classify.collector import FaultCollector, SourceInfo
+from kcover.classify.matcher import Matcher
 from kcover.cli.render import print_verdict
-from kcover.explain import default_matcher, explain_paths, scan_stream
+from kcover.cli.usage import UsageError
+from kcover.collect.printable import json_text, printable
+from kcover.explain import default_matcher, read_paths, scan_stream
 from kcover.faults import Verdict
 from kcover.report import fault_to_dict, verdict_to_dict
 
@@ -38,27 +43,45 @@ def explain(
 ) -> None:
     """Explain why a training job failed: root cause, blamed nodes, what to do."""
     if engine not in ("auto", "hyperscan", "re"):
-        raise typer.BadParameter(
-            f"unknown engine {engine!r}; choose auto, hyperscan or re", param_hint="--engine"
-        )
+        raise UsageError(f"--engine must be auto, hyperscan or re (got {engine!r})")
     matcher = default_matcher(tuple(str(p) for p in catalog or ()), engine)
-    if paths:
-        missing = [p for p in paths if not p.exists()]
-        if len(missing) == len(paths):
-            typer.echo(f"kcover: no such file or folder: {', '.join(map(str, missing))}", err=True)
-            raise typer.Exit(2)
-        verdict = explain_paths(paths, matcher=matcher)
-    else:
-        collector = FaultCollector()
-        scan_stream(matcher, sys.stdin.buffer, SourceInfo(name="<stdin>"), collector)
-        verdict = attribute(collector.faults)
-    for warning in verdict.warnings:
-        typer.echo(f"kcover: warning: {warning}", err=True)
+    verdict = _explain_files(paths, matcher) if paths else _explain_stdin(matcher)
     if as_json:
-        typer.echo(json.dumps(explain_document(verdict, matcher.engine.name), indent=2))
+        typer.echo(json_text(explain_document(verdict, matcher.engine.name)))
     else:
         print_verdict(verdict)
     raise typer.Exit(1 if verdict.root and verdict.root.is_fatal else 0)
+
+
+def _explain_files(paths: list[Path], matcher: Matcher) -> Verdict:
+    """The verdict over these files and folders; a usage error when not one file could be read."""
+    verdict, read = read_paths(paths, matcher=matcher)
+    if read == 0 and len(verdict.warnings) == 1:  # one line says it all
+        raise UsageError(f"nothing was read: {verdict.warnings[0].removesuffix(', skipped')}")
+    for warning in verdict.warnings:
+        typer.echo(f"kcover: warning: {warning}", err=True)
+    if read == 0:
+        raise UsageError(f"nothing was read: {_nothing_read(paths, len(verdict.warnings))}")
+    return verdict
+
+
+def _explain_stdin(matcher: Matcher) -> Verdict:
+    """The verdict over what is piped in; a usage error when stdin is closed or cannot be read."""
+    if sys.stdin is None:  # started with `<&-`
+        raise UsageError("nothing was read: stdin is closed (give log files or folders, or pipe logs in)")
+    collector = FaultCollector()
+    try:
+        scan_stream(matcher, sys.stdin.buffer, SourceInfo(name="<stdin>"), collector)
+    except OSError as error:
+        raise UsageError(f"cannot read stdin: {error.strerror or error}") from None
+    return attribute(collector.faults)
+
+
+def _nothing_read(paths: list[Path], skipped: int) -> str:
+    given = ", ".join(printable(str(path)) for path in paths)
+    if not skipped:
+        return f"no log file in {given}"
+    return f"not one of the {skipped} paths in {given} could be read (each named above)"
 
 
 def explain_document(verdict: Verdict, engine: str) -> dict[str, object]:

@@ -6,7 +6,6 @@ pod, the service account.  They need the ``kcover[k8s]`` extra.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -16,13 +15,15 @@ from typing import Annotated, Any
 
 import typer
 
+from kcover.cli.usage import UsageError, port, seconds, whole_number
+from kcover.collect.printable import json_text
+
 
 def connect_kubernetes(kubeconfig: Path | None) -> Any:
     try:
         from kubernetes import client, config
     except ImportError:
-        typer.echo("kcover: this command needs the Kubernetes client: pip install 'kcover[k8s]'", err=True)
-        raise typer.Exit(2) from None
+        raise UsageError("this command needs the Kubernetes client: pip install 'kcover[k8s]'") from None
     if kubeconfig is not None:
         os.environ["KUBECONFIG"] = str(kubeconfig)  # kopf's login reads it too
     try:  # as kubectl: --kubeconfig, KUBECONFIG, ~/.kube/config; in a pod, its service account
@@ -32,8 +33,7 @@ def connect_kubernetes(kubeconfig: Path | None) -> Any:
         else:
             config.load_incluster_config()
     except (config.ConfigException, OSError) as error:
-        typer.echo(f"kcover: cannot load Kubernetes credentials: {error}", err=True)
-        raise typer.Exit(2) from None
+        raise UsageError(f"cannot load Kubernetes credentials: {error}") from None
     return client.ApiClient()
 
 
@@ -46,18 +46,21 @@ def agent(
     = Path("/var/lib/kcover"),
     kubeconfig: Annotated[Path | None, typer.Option(help="Kubeconfig (default: in-cluster).")] = None,
     health_interval: Annotated[float, typer.Option(help="Seconds between periodic health-check runs; 0 = off "
-                                                        "(suites requested with `kcover check --node` still run).")]
+                                                        "(suites requested with `kcover check --node` still run).",
+                                                   callback=seconds(zero="off"))]
     = 300.0,
     health_suite: Annotated[str, typer.Option(help="Health suite to run periodically.")] = "quick",
     health_config: Annotated[Path | None, typer.Option(help="Health thresholds file (merged over defaults).")]
     = None,
-    release_after: Annotated[int, typer.Option(help="Passing runs before kcover releases its quarantine.")] = 3,
-    metrics_port: Annotated[int | None, typer.Option(help="Serve Prometheus metrics on this port.")] = None,
+    release_after: Annotated[int, typer.Option(help="Passing runs before kcover releases its quarantine.",
+                                               callback=whole_number(1))] = 3,
+    metrics_port: Annotated[int | None, typer.Option(help="Serve Prometheus metrics on this port.",
+                                                     callback=port())] = None,
     snapshot_dir: Annotated[Path | None, typer.Option(help="The node's checkpoint-snapshot folder (the trainers' "
                                                            "KCOVER_SHARED_MEMORY hostPath) to free memory in.")]
     = None,
     snapshot_max_age: Annotated[float, typer.Option(help="Seconds without a save after which a snapshot there "
-                                                         "is deleted.")] = 86400.0,
+                                                         "is deleted.", callback=seconds())] = 86400.0,
 ) -> None:
     """Node agent: classify container and kernel logs, run health checks, report to the API."""
     from kcover.k8s.agent.loop import Agent
@@ -69,10 +72,9 @@ def agent(
     from kcover.k8s.agent.health import HealthLoop
 
     try:  # periodic runs only with an interval; suites requested with `kcover check --node` always
-        health = HealthLoop(api, node, max(0.0, health_interval), health_suite, health_config, release_after)
+        health = HealthLoop(api, node, health_interval, health_suite, health_config, release_after)
     except (HealthConfigError, ValueError, KeyError) as error:
-        typer.echo(f"kcover: {error}", err=True)
-        raise typer.Exit(2) from None
+        raise UsageError(str(error)) from None
     if metrics_port:
         from prometheus_client import start_http_server
 
@@ -95,8 +97,10 @@ def operator(
     = "kcover-system",
     identity: Annotated[str, typer.Option(envvar="POD_NAME", help="This replica's identity for the Lease.")]
     = "kcover-operator",
-    lease_seconds: Annotated[float, typer.Option(help="Leader lease duration.")] = 15.0,
-    metrics_port: Annotated[int | None, typer.Option(help="Serve Prometheus metrics on this port.")] = None,
+    lease_seconds: Annotated[float, typer.Option(help="Leader lease duration (whole seconds, at least 1).",
+                                                 callback=seconds(least=1))] = 15.0,
+    metrics_port: Annotated[int | None, typer.Option(help="Serve Prometheus metrics on this port.",
+                                                     callback=port())] = None,
     kubeconfig: Annotated[Path | None, typer.Option(help="Kubeconfig (default: in-cluster).")] = None,
 ) -> None:
     """Recovery operator: restart, quarantine or fail opted-in jobs by their root cause."""
@@ -117,6 +121,6 @@ def status(
     api = connect_kubernetes(kubeconfig)
     report = collect_status(api)
     if as_json:
-        typer.echo(json.dumps(report, indent=2))
+        typer.echo(json_text(report))
     else:
         print_status(report)

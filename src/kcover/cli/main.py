@@ -1,8 +1,13 @@
 """Entry point of the ``kcover`` command: builds the Typer app and maps errors to exit codes.
 
 Exit codes are part of the contract: 0 success (no fatal fault), 1 a fatal
-fault or a failed job, 2 a usage error (bad option, bad catalog, missing file).
-A user's mistake is reported in one line on stderr, never as a traceback.
+fault or a failed job, 2 a usage error (bad option or value, bad catalog,
+missing file), 74 results that could not be written to stdout, 141 a closed
+pipe on stdout (quietly, as a tool killed by SIGPIPE).  A user's mistake is
+reported in one line on stderr, never as a traceback; with ``--json`` stdout
+also carries one error object (:mod:`kcover.cli.usage`).  The app runs in
+Click's non-standalone mode so that every error passes through here, and over
+guarded stdout and stderr (:mod:`kcover.cli.streams`).
 
 Each command lives in its own module, imported only when that command runs
 (``kcover --help`` imports them all): a node agent should not carry the
@@ -18,6 +23,19 @@ from typing import Any
 import typer
 
 from kcover.classify.rules import CatalogError
+from kcover.cli import streams
+from kcover.cli.usage import (
+    USAGE_ERROR,
+    Abort,
+    ClickException,
+    ClickUsageError,
+    NoArgsIsHelpError,
+    UsageError,
+    error_document,
+    one_line,
+    wants_json,
+)
+from kcover.collect.printable import printable
 
 # command name → (module, function, extra Typer settings)
 COMMANDS: dict[str, tuple[str, str, dict[str, Any]]] = {
@@ -59,18 +77,58 @@ def build_app(names: list[str] | None = None) -> typer.Typer:
     return app
 
 
-USAGE_ERROR = 2
+SIGPIPE_EXIT = 141  # 128 + SIGPIPE: what a shell reports for a tool killed by a closed pipe
+OUTPUT_ERROR = 74  # EX_IOERR: the results could not be written
 
 
 def main() -> None:
     """Run the CLI; user mistakes become one line on stderr and exit code 2."""
-    wanted = sys.argv[1] if len(sys.argv) > 1 else ""
-    app = build_app([wanted] if wanted in COMMANDS else None)
+    streams.install()
+    argv = sys.argv[1:]
+    wanted = argv[0] if argv else ""
     try:
-        app()
-    except CatalogError as exc:
-        print(f"kcover: invalid catalog: {exc}", file=sys.stderr)
-        sys.exit(USAGE_ERROR)
+        code = _invoke(build_app([wanted] if wanted in COMMANDS else None), argv)
+        sys.stdout.flush()
+    except streams.OutputError as error:
+        code = SIGPIPE_EXIT if error.closed_pipe else _report_output_error(error)
     except KeyboardInterrupt:
         print("kcover: interrupted", file=sys.stderr)
-        sys.exit(130)
+        code = 130
+    sys.exit(code)
+
+
+def _invoke(app: typer.Typer, argv: list[str]) -> int:
+    """Run the app in non-standalone mode and map what it raises to an exit code."""
+    try:
+        code = app(args=argv, prog_name="kcover", standalone_mode=False)
+    except NoArgsIsHelpError as error:
+        typer.echo(error.ctx.get_help() if error.ctx else error.format_message())
+        return USAGE_ERROR
+    except ClickException as error:
+        return _usage_error(error, argv)
+    except CatalogError as error:
+        return _usage_error(UsageError(f"invalid catalog: {error}"), argv)
+    except Abort:
+        print("kcover: aborted", file=sys.stderr)
+        return 1
+    code = code if isinstance(code, int) else 0
+    if code == USAGE_ERROR and wants_json(argv) and not streams.stdout_used():
+        typer.echo(error_document(streams.last_stderr_line().removeprefix("kcover: ")))
+    return code
+
+
+def _usage_error(error: ClickException, argv: list[str]) -> int:
+    """One line on stderr; with ``--json`` also the error object on stdout."""
+    message = printable(one_line(error.format_message()))  # it may quote a path or a value from outside
+    if isinstance(error, ClickUsageError) and not isinstance(error, UsageError) and argv[:1] != ["--help"]:
+        command = f"kcover {argv[0]}" if argv and argv[0] in COMMANDS else "kcover"
+        message += f" (see {command} --help)"
+    print(f"kcover: {message}", file=sys.stderr)
+    if wants_json(argv):
+        typer.echo(error_document(message))
+    return error.exit_code
+
+
+def _report_output_error(error: streams.OutputError) -> int:
+    print(f"kcover: cannot write the output to stdout: {error}", file=sys.stderr)
+    return OUTPUT_ERROR

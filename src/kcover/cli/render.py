@@ -2,7 +2,10 @@
 
 Faults of the same rule are folded into one row ("7 ranks on 4 nodes"), roots
 first, so a 1,000-rank cascade still reads in one screen.  Colour only on a
-terminal (rich decides); plain text in pipes and files.
+terminal (rich decides); plain text in pipes and files.  Everything that came
+from the logs or their paths (sources, nodes, evidence lines) is shown as text,
+never as rich markup, with control characters escaped (:func:`printable`): a
+log line or file name must not restyle or rewrite the user's terminal.
 """
 
 from __future__ import annotations
@@ -10,8 +13,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
+from kcover.collect.printable import printable
 from kcover.faults import Action, Fault, Role, Verdict
 
 _ACTION_STYLE = {
@@ -38,6 +44,11 @@ def _where(faults: Sequence[Fault]) -> str:
     elif nodes:
         text += f" on {len(nodes)} nodes"
     return text
+
+
+def _shown(text: str) -> str:
+    """Outside text for a markup string: control characters escaped, markup brackets made literal."""
+    return escape(printable(text))
 
 
 def _grouped(verdict: Verdict) -> list[list[Fault]]:
@@ -67,10 +78,9 @@ def print_verdict(verdict: Verdict, console: Console | None = None) -> None:
             is_root = first.rule == verdict.rule
             role = "ROOT" if is_root else first.role.value
             style = "bold red" if is_root else ("" if first.role is Role.ROOT else "dim")
-            table.add_row(
-                role, first.category.value, first.rule, _where(group),
-                str(sum(f.count for f in group)), first.evidence.line, style=style,
-            )
+            cells = (role, first.category.value, first.rule, _where(group), str(sum(f.count for f in group)),
+                     first.evidence.line)
+            table.add_row(*(Text(printable(cell)) for cell in cells), style=style)
         console.print(table)
         if len(groups) > MAX_ROWS:
             console.print(f"… {len(groups) - MAX_ROWS} more rules (use --json for all)")
@@ -80,10 +90,10 @@ def print_verdict(verdict: Verdict, console: Console | None = None) -> None:
         return
     root = verdict.root
     style = _ACTION_STYLE[verdict.action]
-    console.print(f"[bold]root cause:[/]  {root.category.value} — {verdict.reason}")
+    console.print(f"[bold]root cause:[/]  {root.category.value} — {_shown(verdict.reason)}")
     if verdict.nodes:
-        console.print(f"[bold]blamed node:[/] {', '.join(verdict.nodes)}")
+        console.print(f"[bold]blamed node:[/] {_shown(', '.join(verdict.nodes))}")
     if verdict.ranks:
         console.print(f"[bold]ranks:[/]       {', '.join(map(str, verdict.ranks))}")
     console.print(f"[bold]action:[/]      [{style}]{verdict.action.value}[/]")
-    console.print(f"[bold]what to do:[/]  {root.remediation}")
+    console.print(f"[bold]what to do:[/]  {_shown(root.remediation)}")

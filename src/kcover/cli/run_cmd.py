@@ -9,17 +9,18 @@ usage error (nothing started).
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from kcover.cli.usage import UsageError
+from kcover.collect.printable import json_text
 from kcover.decide.policy import RecoveryPolicy
 from kcover.launcher.inject import InjectError, parse_injections
 from kcover.launcher.reporting import print_summary, run_document
-from kcover.launcher.spec import RunSpec, SpecError
+from kcover.launcher.spec import RunSpec, SpecError, check_options
 from kcover.launcher.supervisor import Supervisor
 from kcover.launcher.workers import LaunchError
 
@@ -29,7 +30,7 @@ def run(
     nproc_per_node: Annotated[int, typer.Option(help="Worker processes per node.")] = 1,
     nnodes: Annotated[int, typer.Option(help="Nodes to simulate on this machine (named node-0 …).")] = 1,
     spare_nodes: Annotated[int, typer.Option(help="Standby nodes that replace an excluded one.")] = 0,
-    min_nodes: Annotated[int | None, typer.Option(min=1, help="Allow shrinking to this many nodes when none is spare.")]
+    min_nodes: Annotated[int | None, typer.Option(help="Allow shrinking to this many nodes when none is spare.")]
     = None,
     max_restarts: Annotated[int, typer.Option(help="Retry budget.")] = 3,
     user_code_retries: Annotated[int, typer.Option(help="Retries for deterministic user errors.")] = 1,
@@ -49,8 +50,6 @@ def run(
     = None,
 ) -> None:
     """Run a training command as N×P workers and recover it from faults by itself."""
-    if preflight:
-        _preflight(state_dir, nnodes, health_config)
     try:
         injections = parse_injections(",".join([os.environ.get("KCOVER_INJECT", ""), *(inject or [])]))
         spec = RunSpec(
@@ -61,14 +60,16 @@ def run(
             hang_timeout=hang_timeout, startup_timeout=startup_timeout, grace_period=grace_period,
             injections=tuple(injections), echo=not quiet,
         )
+        check_options(spec)
+        if preflight:
+            _preflight(state_dir, nnodes, health_config)
         supervisor = Supervisor(spec)
         result = supervisor.run()
     except (SpecError, InjectError, LaunchError) as exc:
-        typer.echo(f"kcover: {exc}", err=True)
-        raise typer.Exit(2) from None
+        raise UsageError(str(exc)) from None
     print_summary(result)
     if as_json:
-        typer.echo(json.dumps(run_document(result), indent=2))
+        typer.echo(json_text(run_document(result)))
     raise typer.Exit(result.exit_code)
 
 
@@ -82,11 +83,9 @@ def _preflight(state_dir: Path, nnodes: int, config: Path | None) -> None:
         checkpoints.mkdir(parents=True, exist_ok=True)
         result = run_preflight(config=config, checkpoint_dir=checkpoints, simulate_nodes=nnodes if nnodes > 1 else 0)
     except OSError as error:
-        typer.echo(f"kcover: state dir {state_dir} is not writable: {error.strerror or error}", err=True)
-        raise typer.Exit(2) from None
+        raise UsageError(f"state dir {state_dir} is not writable: {error.strerror or error}") from None
     except (HealthConfigError, KeyError) as error:
-        typer.echo(f"kcover: preflight: {error}", err=True)
-        raise typer.Exit(2) from None
+        raise UsageError(f"preflight: {error}") from None
     if not result.passed:
         typer.echo(f"kcover: preflight failed, nothing started: {result.reason}", err=True)
         raise typer.Exit(1)

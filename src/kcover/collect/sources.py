@@ -9,18 +9,25 @@ a source are read from its path, by convention:
   named like ``node-2.log`` / ``node-2-dmesg.log`` → node ``node-2``;
 - CRI layout ``<namespace>_<pod>_<uid>/<container>/0.log`` → the pod name.
 
-A path that cannot be read is named in a warning and skipped; it never stops
-the others from being read.
+A path that cannot be read is named in a warning and skipped, with the real
+reason (no such file, broken symlink, symlink loop, permission denied); it never
+stops the others from being read.  Names taken from paths (the source, the node,
+the pod) and the paths in warnings pass through :func:`printable`: a file name
+is chosen by whoever wrote it and may hold terminal escapes or bytes that are
+not UTF-8.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from kcover.classify.collector import SourceInfo
+from kcover.collect.printable import printable
 
 _RANK = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 _NODE_FILE = re.compile(r"^(node[-_]?[A-Za-z0-9]+)", re.IGNORECASE)
@@ -43,12 +50,34 @@ def _describe(path: Path, root: Path | None) -> SourceInfo:
     for part in parts[:-1]:
         pod = _CRI_POD.match(part)
         if pod:
-            return SourceInfo(name=f"{pod.group(1)}/{pod.group(2)}", rank=rank)
+            return SourceInfo(name=printable(f"{pod.group(1)}/{pod.group(2)}"), rank=rank)
     node: str | None = parts[0] if len(parts) > 1 else None
     if node is None:
         named = _NODE_FILE.match(path.stem)
         node = named.group(1) if named else None
-    return SourceInfo(name=str(relative) if root else str(path), rank=rank, node=node)
+    name = str(relative) if root else str(path)
+    return SourceInfo(name=printable(name), rank=rank, node=None if node is None else printable(node))
+
+
+def _skipped(path: Path, reason: str) -> str:
+    return f"{printable(str(path))}: {reason}, skipped"
+
+
+def _why(path: Path, error: OSError) -> str:
+    """What is wrong with a path that cannot be opened, in the user's words."""
+    if error.errno == errno.ELOOP:
+        return "symlink loop (ELOOP)"
+    if error.errno == errno.ENOENT:
+        return "broken symlink" if path.is_symlink() else "no such file or folder"
+    return f"cannot read ({error.strerror or error})"
+
+
+def _status(path: Path) -> os.stat_result | str:
+    """The path's status (following links), or why it has none."""
+    try:
+        return path.stat()
+    except OSError as error:
+        return _why(path, error)
 
 
 def find_sources(paths: list[Path]) -> tuple[list[FileSource], list[str]]:
@@ -56,16 +85,16 @@ def find_sources(paths: list[Path]) -> tuple[list[FileSource], list[str]]:
     sources: list[FileSource] = []
     warnings: list[str] = []
     for given in paths:
-        if given.is_dir():
+        status = _status(given)
+        if isinstance(status, str):
+            warnings.append(_skipped(given, status))
+        elif stat.S_ISDIR(status.st_mode):
             found = _walk(given, warnings)
             sources.extend(FileSource(_describe(path, given), path) for path in found)
-        elif given.exists():
-            if os.access(given, os.R_OK):
-                sources.append(FileSource(_describe(given, None), given))
-            else:
-                warnings.append(f"{given}: not readable, skipped")
+        elif os.access(given, os.R_OK):
+            sources.append(FileSource(_describe(given, None), given))
         else:
-            warnings.append(f"{given}: no such file or folder, skipped")
+            warnings.append(_skipped(given, "not readable"))
     return sources, warnings
 
 
@@ -73,7 +102,7 @@ def _walk(root: Path, warnings: list[str]) -> list[Path]:
     found: list[Path] = []
 
     def on_error(error: OSError) -> None:
-        warnings.append(f"{error.filename}: not readable ({error.strerror}), skipped")
+        warnings.append(_skipped(Path(error.filename), f"not readable ({error.strerror})"))
 
     for folder, folders, files in os.walk(root, onerror=on_error):
         folders[:] = sorted(name for name in folders if not name.startswith("."))
@@ -81,11 +110,21 @@ def _walk(root: Path, warnings: list[str]) -> list[Path]:
             path = Path(folder) / name
             if name.startswith("."):
                 continue
-            if not path.is_file():
-                warnings.append(f"{path}: not a regular file (broken link, pipe or socket), skipped")
-                continue
-            if not os.access(path, os.R_OK):
-                warnings.append(f"{path}: not readable, skipped")
+            problem = _problem(path)
+            if problem:
+                warnings.append(_skipped(path, problem))
                 continue
             found.append(path)
     return found
+
+
+def _problem(path: Path) -> str | None:
+    """Why a file found in a folder cannot be read as a log, or None when it can."""
+    status = _status(path)
+    if status == "broken symlink":
+        return "not a regular file (broken symlink)"
+    if isinstance(status, str):
+        return status
+    if not stat.S_ISREG(status.st_mode):
+        return "not a regular file (pipe, socket or device)"
+    return None if os.access(path, os.R_OK) else "not readable"

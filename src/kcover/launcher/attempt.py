@@ -7,6 +7,11 @@ says why it ended.  It ends when all workers exit 0 (``succeeded``), after a
 fatal fault or abnormal exit plus ``settle`` seconds for the other ranks'
 evidence unless the failing worker already exited (``failed``), when no progress came for the hang timeout (``hung``:
 stacks captured first), or when kcover is asked to stop (``interrupted``).
+
+Its files (``rankR.log``, ``stacks.txt``, ``<node>.kmsg``) live in
+``<run dir>/attempt-N/``.  A state dir that cannot be written (full disk) is
+said once and otherwise ignored: the workers stay supervised.  Whatever ends
+the attempt, an exception included, the workers are stopped before it returns.
 """
 
 from __future__ import annotations
@@ -29,26 +34,27 @@ from kcover.collect.lines import parse_line
 from kcover.faults import Evidence
 from kcover.launcher.hang import HangDetector
 from kcover.launcher.inject import Injection, InjectKind, kernel_line
-from kcover.launcher.output import FaultSeen, OutputPump, ProgressSeen
+from kcover.launcher.output import Event, FaultSeen, LogTrouble, OutputPump, ProgressSeen
 from kcover.launcher.reporting import AttemptRecord, Reporter
 from kcover.launcher.spec import RunSpec, free_port, worker_specs
 from kcover.launcher.workers import Worker, WorkerGroup, start_worker
 
 TICK = 0.05
 ROUND = 0.025
-"""Shortest watch round: output arriving faster is read in batches (fewer, larger reads)."""
+"""Shortest watch round while output trickles in: it is read in batches (fewer, larger reads).
+A round that found a pipe full does not pause: the next one starts at once."""
 
 
 class Attempt:
     def __init__(self, spec: RunSpec, record: AttemptRecord, restarts: int, matcher: Matcher,
-                 reporter: Reporter, fired: set[tuple[Injection, int]]) -> None:
+                 reporter: Reporter, fired: set[tuple[Injection, int]], run_dir: Path) -> None:
         self.spec = spec
         self.record = record
         self.restarts = restarts
         self.matcher = matcher
         self.reporter = reporter
         self.fired = fired
-        self.folder = spec.state_dir / f"attempt-{record.number}"
+        self.folder = run_dir / f"attempt-{record.number}"
         self.collector = FaultCollector()
         self.steps: dict[int, int] = {}
         self.trigger: float | None = None
@@ -57,35 +63,34 @@ class Attempt:
 
     def run(self, stop_requested: Callable[[], bool]) -> None:
         """Launch, watch, stop and judge; the outcome and verdict land in the record."""
-        self.folder.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(OSError):  # a full disk: the pump says so once, supervision goes on
+            self.folder.mkdir(parents=True, exist_ok=True)
         pump = OutputPump(self.matcher, self.collector, self.folder,
-                          echo=sys.stderr.buffer if self.spec.echo else None)
-        group = self._launch(pump)
-        hang = HangDetector(time.monotonic(), self.spec.hang_timeout, self.spec.startup_timeout)
+                          echo=sys.stderr.buffer if self.spec.echo and sys.stderr is not None else None)
+        group = WorkerGroup([])
         try:
+            self._launch(pump, group)
+            hang = HangDetector(time.monotonic(), self.spec.hang_timeout, self.spec.startup_timeout)
             self.record.outcome = self._watch(pump, group, hang, stop_requested)
             self._wind_down(pump, group, hang)
         finally:
+            if group.running:  # an exception ended the attempt: never leave a worker unsupervised
+                group.stop(self.spec.grace_period)
             pump.close()
             group.close()
         self.record.ended = time.monotonic()
         self.record.verdict = attribute(self.collector.faults)
 
-    def _launch(self, pump: OutputPump) -> WorkerGroup:
+    def _launch(self, pump: OutputPump, group: WorkerGroup) -> None:
+        """Start every worker into ``group`` (the caller stops and closes what started, whatever happens)."""
         port = self.spec.master_port or free_port()
         specs = worker_specs(self.spec, self.record.nodes, self.record.number, self.restarts, port, self.folder)
-        workers: list[Worker] = []
-        try:
-            for worker_spec in specs:
-                workers.append(start_worker(worker_spec))
-                pump.add(workers[-1])
-        except BaseException:
-            WorkerGroup(workers).stop(0)
-            raise
+        for worker_spec in specs:
+            group.workers.append(start_worker(worker_spec))
+            pump.add(group.workers[-1])
         self.record.launched = time.monotonic()
-        self.reporter.event("start", f"attempt {self.record.number}: {len(workers)} workers on "
+        self.reporter.event("start", f"attempt {self.record.number}: {len(specs)} workers on "
                                      f"{', '.join(self.record.nodes)}")
-        return WorkerGroup(workers)
 
     def _watch(self, pump: OutputPump, group: WorkerGroup, hang: HangDetector,
                stop_requested: Callable[[], bool]) -> str:
@@ -93,10 +98,7 @@ class Attempt:
         while True:
             round_began = time.monotonic()
             for seen in pump.pump(TICK):
-                if isinstance(seen, ProgressSeen):
-                    self._on_progress(hang, seen)
-                elif seen.fault.is_fatal:
-                    self._on_fault(seen)
+                self._on_event(hang, seen)
             for ended in group.poll():
                 if ended.exit_code != 0 and ended.rank not in self.killed_by_injection:
                     self.trigger = self.trigger or time.monotonic()
@@ -113,18 +115,29 @@ class Attempt:
             if self.trigger is None and hang.is_hung(now):
                 self._on_hang(hang, group, now)
                 return "hung"
-            time.sleep(max(0.0, round_began + ROUND - time.monotonic()))
+            if not pump.busy:
+                time.sleep(max(0.0, round_began + ROUND - time.monotonic()))
 
     def _wind_down(self, pump: OutputPump, group: WorkerGroup, hang: HangDetector) -> None:
         self.record.stop_began = time.monotonic()
         if self.record.outcome != "succeeded":
             stopped = group.stop(self.spec.grace_period)
             self.reporter.event("stop", f"stopped {len(group.workers)} workers in {stopped:.2f}s")
+        else:
+            group.stop(self.spec.grace_period)  # what the workers left running: background children, daemons
         for seen in pump.drain(5.0):
-            if isinstance(seen, ProgressSeen):
-                self._on_progress(hang, seen)
+            if not isinstance(seen, FaultSeen):
+                self._on_event(hang, seen)
         if self.record.outcome == "failed":
             self._exit_faults(group, self.record.stop_began)
+
+    def _on_event(self, hang: HangDetector, seen: Event) -> None:
+        if isinstance(seen, ProgressSeen):
+            self._on_progress(hang, seen)
+        elif isinstance(seen, LogTrouble):
+            self.reporter.event("warning", seen.text)
+        elif seen.fault.is_fatal:
+            self._on_fault(seen)
 
     def _on_progress(self, hang: HangDetector, seen: ProgressSeen) -> None:
         self.steps[seen.rank] = max(self.steps.get(seen.rank, -1), seen.step)
@@ -147,7 +160,11 @@ class Attempt:
         self.hung_at = hang.step
         text = hang.describe(now)
         self.reporter.event("hang", text)
-        stacks = capture_stacks(group, self.folder / "stacks.txt")
+        try:
+            stacks = capture_stacks(group, self.folder / "stacks.txt")
+        except OSError as exc:
+            stacks = 0
+            self.reporter.event("warning", f"cannot save stacks to {self.folder / 'stacks.txt'}: {exc.strerror or exc}")
         if stacks:
             self.reporter.event("evidence", f"Python stacks of {stacks} workers in {self.folder / 'stacks.txt'}")
         rule = self.matcher.classify_text(text)
@@ -191,8 +208,11 @@ class Attempt:
 
     def _kernel_message(self, node: str, line: str) -> None:
         """Record a node's kernel message as the node agent would read it from /dev/kmsg."""
-        with (self.folder / f"{node}.kmsg").open("a") as kmsg:
-            kmsg.write(line + "\n")
+        try:
+            with (self.folder / f"{node}.kmsg").open("a") as kmsg:
+                kmsg.write(line + "\n")
+        except OSError as exc:
+            self.reporter.event("warning", f"cannot write {self.folder / f'{node}.kmsg'}: {exc.strerror or exc}")
         text = parse_line(line.encode()).text
         rule = self.matcher.classify_text(text)
         if rule is None:

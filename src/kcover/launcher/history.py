@@ -1,28 +1,50 @@
 """The run history: every run, attempt and fault in an embedded SQLite database.
 
-Lives at ``<state dir>/kcover.db``; ``kcover history`` reads it.  A database
-that SQLite cannot read is moved aside (``kcover.db.corrupt-<time>``), named in
-a warning, and a new one is started: nothing else in the state dir is touched.
+Lives at ``<state dir>/kcover.db``; ``kcover run`` writes it, ``kcover history``
+reads it, read-only: a read never creates, changes or moves a file.  Only a file
+SQLite says is not a database is moved aside (``kcover.db.corrupt-<time>``),
+and only by ``kcover run``, named in a warning, and a new one is started:
+nothing else in the state dir is touched.  A database locked by another process
+is waited for (:data:`BUSY_WAIT` seconds), then, like an unreadable or damaged
+one or a FIFO or folder in its place, reported as a :class:`HistoryError`.
+
+Each run records its launcher's pid, process start time and host.  A run still
+``running`` whose launcher is gone (``kill -9``, a crash, a reboot) reads as
+``lost``; the start time keeps a reused pid from passing for the launcher, and a
+run started on another host is never judged from here.  ``kcover run`` writes
+``lost`` into such rows when it starts.
 """
 
 from __future__ import annotations
 
 import json
+import socket
 import sqlite3
+import stat
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from kcover.faults import Fault, Verdict
+from kcover.launcher.spec import SpecError
 from kcover.report import verdict_to_dict
+
+BUSY_WAIT = 5.0
+"""Seconds to wait for a database another process holds locked."""
+LAUNCHER_COLUMNS = {"launcher_pid": "INTEGER", "launcher_start": "REAL", "launcher_host": "TEXT"}
+START_TOLERANCE = 0.01
+"""Seconds two readings of one process's start time may differ by (one clock tick)."""
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
     id INTEGER PRIMARY KEY, started REAL NOT NULL, ended REAL, status TEXT NOT NULL,
     command TEXT NOT NULL, restarts INTEGER NOT NULL DEFAULT 0, ettr REAL,
-    root_category TEXT, root_rule TEXT, reason TEXT
+    root_category TEXT, root_rule TEXT, reason TEXT,
+    launcher_pid INTEGER, launcher_start REAL, launcher_host TEXT
 );
 CREATE TABLE IF NOT EXISTS attempts (
     run_id INTEGER NOT NULL REFERENCES runs(id), number INTEGER NOT NULL, started REAL NOT NULL,
@@ -51,36 +73,77 @@ class RunRow:
     reason: str | None
 
 
-class History:
-    """Append-only record of runs; one connection, used from one thread."""
+class HistoryError(SpecError):
+    """The database cannot be used (locked, unreadable, damaged, not a file); the message names it and why."""
 
-    def __init__(self, path: Path) -> None:
+
+class History:
+    """Append-only record of runs; one connection, used from one thread; ``read_only`` never writes a byte."""
+
+    def __init__(self, path: Path, read_only: bool = False) -> None:
         self.path = path
+        self.read_only = read_only
         self.warning: str | None = None
-        self.db = self._open()
+        _refuse_non_file(path)
+        self.db = self._open_read_only() if read_only else self._open()
+
+    def _open_read_only(self) -> sqlite3.Connection:
+        try:
+            db = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, timeout=BUSY_WAIT)
+        except sqlite3.Error as exc:
+            raise _history_error(self.path, exc) from None
+        try:
+            db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        except sqlite3.Error as exc:
+            db.close()
+            raise _history_error(self.path, exc) from None
+        return db
 
     def _open(self) -> sqlite3.Connection:
         try:
-            db = sqlite3.connect(self.path)
-            db.executescript(SCHEMA)
-            db.execute("SELECT count(*) FROM runs").fetchone()
-            return db
+            return self._connect()
         except sqlite3.DatabaseError as exc:
+            if exc.sqlite_errorcode != sqlite3.SQLITE_NOTADB:
+                raise _history_error(self.path, exc) from None
             aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
             self.path.replace(aside)
             self.warning = f"state database {self.path} was unreadable ({exc}); moved to {aside.name}, starting anew"
-            db = sqlite3.connect(self.path)
+            return self._connect()
+
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, timeout=BUSY_WAIT)
+        try:
             db.executescript(SCHEMA)
-            return db
+            present = _columns(db)
+            for column, kind in LAUNCHER_COLUMNS.items():
+                if column not in present:
+                    db.execute(f"ALTER TABLE runs ADD COLUMN {column} {kind}")
+            db.commit()
+        except BaseException:
+            db.close()
+            raise
+        return db
 
     def begin_run(self, command: Sequence[str], now: float) -> int:
+        """Record a new run by this process (marking runs whose launcher is gone ``lost`` first)."""
+        self.mark_lost()
+        me = psutil.Process()
         cursor = self.db.execute(
-            "INSERT INTO runs (started, status, command) VALUES (?, 'running', ?)", (now, json.dumps(list(command)))
+            "INSERT INTO runs (started, status, command, launcher_pid, launcher_start, launcher_host) "
+            "VALUES (?, 'running', ?, ?, ?, ?)",
+            (now, json.dumps(list(command)), me.pid, me.create_time(), socket.gethostname()),
         )
         self.db.commit()
         assert cursor.lastrowid is not None
         return cursor.lastrowid
 
+    def mark_lost(self) -> None:
+        """Write ``lost`` into every ``running`` run whose launcher is gone."""
+        for row in self.runs(limit=-1, status="running"):
+            if row.status == "lost":
+                self.db.execute("UPDATE runs SET status='lost', reason=? WHERE id=? AND status='running'",
+                                (row.reason, row.id))
+        self.db.commit()
     def begin_attempt(self, run_id: int, number: int, nodes: Sequence[str], now: float) -> None:
         self.db.execute(
             "INSERT INTO attempts (run_id, number, started, nodes) VALUES (?, ?, ?, ?)",
@@ -110,14 +173,21 @@ class History:
         )
         self.db.commit()
 
-    def runs(self, limit: int = 20) -> list[RunRow]:
+    def runs(self, limit: int = 20, status: str | None = None) -> list[RunRow]:
+        """The latest ``limit`` runs (all with -1), newest first, a gone launcher's ``running`` as ``lost``."""
+        present = _columns(self.db)
+        if not present:
+            return []
+        launcher = ", ".join(c if c in present else "NULL" for c in LAUNCHER_COLUMNS)
         rows = self.db.execute(
-            "SELECT id, started, ended, status, command, restarts, ettr, root_category, root_rule, reason "
-            "FROM runs ORDER BY id DESC LIMIT ?", (limit,)
+            "SELECT id, started, ended, status, command, restarts, ettr, root_category, root_rule, reason, "
+            f"{launcher} FROM runs WHERE ? IS NULL OR status = ? ORDER BY id DESC LIMIT ?", (status, status, limit)
         ).fetchall()
-        return [RunRow(*row) for row in rows]
+        return [_judged(RunRow(*row[:10]), (row[10], row[11], row[12])) for row in rows]
 
     def faults(self, run_id: int) -> list[dict[str, Any]]:
+        if not self.db.execute("SELECT 1 FROM sqlite_master WHERE name='faults'").fetchone():
+            return []
         cursor = self.db.execute(
             "SELECT attempt, rule, category, role, rank, node, count, line FROM faults WHERE run_id=? "
             "ORDER BY attempt, rowid", (run_id,)
@@ -127,6 +197,56 @@ class History:
 
     def close(self) -> None:
         self.db.close()
+
+
+
+
+def _refuse_non_file(path: Path) -> None:
+    """A folder, FIFO or device where the database should be is an error (SQLite would block or fail)."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise HistoryError(f"cannot read state database {path}: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(mode):
+        raise HistoryError(f"state database {path} is not a regular file")
+
+
+def _history_error(path: Path, exc: sqlite3.Error) -> HistoryError:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+        return HistoryError(f"state database {path} is locked by another process (waited {BUSY_WAIT:g} s); "
+                            "try again when it is released")
+    if code == sqlite3.SQLITE_NOTADB:
+        return HistoryError(f"{path} is not a SQLite database (the next kcover run moves it aside)")
+    return HistoryError(f"cannot read state database {path}: {exc}")
+
+
+def _columns(db: sqlite3.Connection) -> set[str]:
+    return {row[1] for row in db.execute("PRAGMA table_info(runs)")}
+
+
+def _judged(row: RunRow, launcher: tuple[int | None, float | None, str | None]) -> RunRow:
+    """``row`` as ``lost`` when it is still ``running`` but its launcher is gone."""
+    if row.status != "running" or launcher_alive(*launcher):
+        return row
+    reason = f"kcover (pid {launcher[0]}) ended without recording how the run ended"
+    return replace(row, status="lost", reason=row.reason or reason)
+
+
+def launcher_alive(pid: int | None, started: float | None, host: str | None) -> bool:
+    """Whether the launcher is still running; True where it cannot be told (old rows, another host)."""
+    if pid is None or started is None or host != socket.gethostname():
+        return True
+    try:
+        process = psutil.Process(pid)
+        same = abs(process.create_time() - started) < START_TOLERANCE
+        return same and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.Error:
+        return True
 
 
 def _fault_row(run_id: int, attempt: int, fault: Fault) -> tuple[Any, ...]:

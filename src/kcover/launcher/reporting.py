@@ -80,6 +80,7 @@ class RunResult:
     excluded: tuple[str, ...] = ()
     reason: str = ""
     state_dir: str = ""
+    run_dir: str = ""
 
     @property
     def restarts(self) -> int:
@@ -128,6 +129,7 @@ def run_document(result: RunResult) -> dict[str, Any]:
             "lost_seconds": round(result.wall - sum(a.productive() for a in result.attempts), 3),
         },
         "state_dir": result.state_dir,
+        "run_dir": result.run_dir,
     }
 
 

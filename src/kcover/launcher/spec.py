@@ -1,14 +1,18 @@
 """What ``kcover run`` was asked to do, checked before anything starts.
 
-:class:`RunSpec` holds the command and the options; :func:`validate` refuses a
-command that cannot run or a state dir that cannot be written, with a message
-naming it (exit 2, nothing started).  :func:`worker_specs` lays the ranks out
+:class:`RunSpec` holds the command and the options; :func:`check_options`
+refuses option values that cannot be honoured (``nan``, ``inf``, zero or
+negative timeouts, more minimum nodes than nodes, more workers than one machine
+can start), naming the option, the value and what is allowed; :func:`validate`
+does that first and then refuses a command that cannot run or a state dir that
+cannot be written (exit 2, nothing started).  :func:`worker_specs` lays the ranks out
 on simulated nodes and builds each worker's environment: the variables
 ``torchrun`` sets, so an unchanged torchrun script runs, plus ``KCOVER_*``.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import socket
@@ -51,7 +55,46 @@ class RunSpec:
         return names[: self.nnodes], names[self.nnodes :]
 
 
+MAX_WORKERS = 4096  # ranks (active and spare nodes together) one machine is asked to start
+MAX_SECONDS = 30 * 86400
+MAX_RESTARTS = 1_000_000
+
+
+def _count(option: str, value: int, low: int, high: int, high_text: str = "") -> None:
+    if not low <= value <= high:
+        raise SpecError(f"{option} must be a whole number from {low} to {high_text or high} (got {value})")
+
+
+def _seconds(option: str, value: float, *, zero_allowed: bool = False) -> None:
+    low_ok = value >= 0 if zero_allowed else value > 0
+    if not (math.isfinite(value) and low_ok and value <= MAX_SECONDS):
+        low = "from 0" if zero_allowed else "greater than 0"
+        raise SpecError(f"{option} must be a number of seconds {low} and at most {MAX_SECONDS} (30 days) "
+                        f"(got {value:g})")
+
+
+def check_options(spec: RunSpec) -> None:
+    """Refuse option values that cannot be honoured; the message names the option, the value and the range."""
+    _count("--nproc-per-node", spec.nproc_per_node, 1, MAX_WORKERS)
+    _count("--nnodes", spec.nnodes, 1, MAX_WORKERS)
+    _count("--spare-nodes", spec.spare_nodes, 0, MAX_WORKERS)
+    workers = spec.nproc_per_node * (spec.nnodes + spec.spare_nodes)
+    if workers > MAX_WORKERS:
+        raise SpecError(f"--nproc-per-node × (--nnodes + --spare-nodes) must be at most {MAX_WORKERS} workers "
+                        f"on one machine (got {workers})")
+    if spec.policy.min_nodes is not None:
+        _count("--min-nodes", spec.policy.min_nodes, 1, spec.nnodes, f"--nnodes ({spec.nnodes})")
+    _count("--max-restarts", spec.policy.max_restarts, 0, MAX_RESTARTS)
+    _count("--user-code-retries", spec.policy.user_code_retries, 0, MAX_RESTARTS)
+    _seconds("--backoff", spec.policy.backoff_initial, zero_allowed=True)
+    if spec.hang_timeout is not None:
+        _seconds("--hang-timeout", spec.hang_timeout)
+    _seconds("--startup-timeout", spec.startup_timeout)
+    _seconds("--grace-period", spec.grace_period, zero_allowed=True)
+
+
 def validate(spec: RunSpec) -> None:
+    check_options(spec)
     if not spec.command:
         raise SpecError("no command given: kcover run [OPTIONS] -- COMMAND [ARGS…]")
     program = spec.command[0]
@@ -62,8 +105,6 @@ def validate(spec: RunSpec) -> None:
             raise SpecError(f"command is not executable: {program}")
     elif shutil.which(program) is None:
         raise SpecError(f"command not found on PATH: {program}")
-    if spec.nproc_per_node < 1 or spec.nnodes < 1 or spec.spare_nodes < 0:
-        raise SpecError("--nproc-per-node and --nnodes must be ≥ 1, --spare-nodes ≥ 0")
     try:
         spec.state_dir.mkdir(parents=True, exist_ok=True)
         probe = spec.state_dir / f".write-test-{os.getpid()}"
