@@ -7,8 +7,9 @@ branch of an alternation, whichever is more selective) and searches the
 lower-cased block for them with ``bytes.find``, which runs at memory speed;
 only lines containing one are checked by the real regexes.  Patterns without a
 usable literal are searched with a combined regex instead.  Only ASCII
-characters make literals: ``bytes.lower`` folds ASCII only, so a non-ASCII
-literal could miss its own line under ``ignore_case``.
+characters and characters without case (CJK, for instance) make literals:
+``bytes.lower`` folds ASCII only, so a non-ASCII letter with case could miss
+its own line under ``ignore_case``; a caseless one reads the same either way.
 """
 
 from __future__ import annotations
@@ -25,12 +26,17 @@ def _selectivity(literals: list[str]) -> tuple[int, int]:
     return (min((len(x) for x in literals), default=0), -len(literals))
 
 
+def _caseless(char: str) -> bool:
+    """A character no case folding changes: found by ``bytes.find`` in a lower-cased block, any flags."""
+    return char.lower() == char.upper() == char.casefold() == char
+
+
 def _best(items: Any) -> list[str]:
     """The most selective any-of literal set that a match of ``items`` must contain."""
     candidates: list[list[str]] = []
     run: list[str] = []
     for op, value in items:
-        if op is sre_constants.LITERAL and value < 128:
+        if op is sre_constants.LITERAL and (value < 128 or _caseless(chr(value))):
             run.append(chr(value))
             continue
         if run:
