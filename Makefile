@@ -21,6 +21,7 @@ demo: setup
 
 lint: setup
 	$(BIN)/ruff check src tests bench
+	$(BIN)/lint-imports
 
 typecheck: setup
 	$(BIN)/mypy

@@ -13,23 +13,16 @@ from __future__ import annotations
 
 import io
 from collections.abc import Iterable, Sequence
-from functools import lru_cache
 from pathlib import Path
 from typing import BinaryIO
 
 from kcover.classify.attribution import attribute
-from kcover.classify.collector import FaultCollector, SourceInfo
-from kcover.classify.matcher import Matcher
+from kcover.classify.collector import FaultCollector
+from kcover.classify.matcher import Matcher, default_matcher
 from kcover.collect.lines import read_blocks
 from kcover.collect.printable import printable
-from kcover.collect.sources import find_sources
+from kcover.collect.sources import SourceInfo, find_sources
 from kcover.faults import Verdict
-
-
-@lru_cache(maxsize=4)
-def default_matcher(catalogs: tuple[str, ...] = (), engine: str = "auto") -> Matcher:
-    """The shipped catalog (plus user catalogs), compiled once per process."""
-    return Matcher.default(catalogs, engine=engine)
 
 
 def scan_stream(
@@ -41,6 +34,7 @@ def scan_stream(
         for hit in matcher.scan_block(block, lines + 1):
             collector.add_hit(source, hit)
         lines += block.count(b"\n")
+        collector.keep_tail(source, block, lines)
     return lines
 
 
@@ -63,7 +57,7 @@ def explain(
     matcher = matcher or default_matcher(tuple(catalogs))
     collector = FaultCollector()
     scan_stream(matcher, io.BytesIO(_as_bytes(text_or_lines)), SourceInfo(name=source), collector)
-    return attribute(collector.faults)
+    return attribute(collector.faults, tails=collector.tails)
 
 
 def explain_paths(paths: Sequence[Path], *, matcher: Matcher | None = None) -> Verdict:
@@ -84,4 +78,4 @@ def read_paths(paths: Sequence[Path], *, matcher: Matcher | None = None) -> tupl
             read += 1
         except OSError as exc:
             warnings.append(f"{printable(str(source.path))}: cannot read ({exc.strerror or exc}), skipped")
-    return attribute(collector.faults, warnings), read
+    return attribute(collector.faults, warnings, collector.tails), read

@@ -18,6 +18,10 @@ from enum import StrEnum
 NO_PROGRESS_RULE = "job.no-progress"
 """The catalog rule of a hang: built directly by the hang detectors, never parsed back from text."""
 
+UNRECOGNISED_FAILURE_RULE = "job.unrecognised-failure"
+"""No catalog rule: a log that ends in failure no rule names (:mod:`kcover.classify.fallback`).
+Category ``other``, restarted within the user-code retry budget."""
+
 
 class Category(StrEnum):
     """What kind of fault this is; decides who must act (operator, vendor, user)."""

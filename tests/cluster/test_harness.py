@@ -16,8 +16,9 @@ import pytest
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
+from kcover.ports import free_port
 from kcover.testing import _core as cluster_mod
-from kcover.testing import _process, pki
+from kcover.testing import pki
 from kcover.testing._core import _Files
 from kcover.testing._process import Component, ComponentDiedError
 from kcover.testing.binaries import Binaries, BinariesMissingError
@@ -74,9 +75,8 @@ def test_port_in_use_is_retried_on_another_port(
     taken.bind(("127.0.0.1", 0))
     taken.listen()
     busy = taken.getsockname()[1]
-    real_free_port = _process.free_port
     ports = iter([busy])
-    monkeypatch.setattr(cluster_mod, "free_port", lambda: next(ports, None) or real_free_port())
+    monkeypatch.setattr(cluster_mod, "free_port", lambda: next(ports, None) or free_port())
     harness = TestCluster(Binaries(tmp_path / "cache"), tmp_path / "work")
     harness._files = _Files(tmp_path / "work")
     log_path = tmp_path / "work" / "logs" / "fake-server.log"

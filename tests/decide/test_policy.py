@@ -23,8 +23,10 @@ def verdict_on(text: str, node: str = "node-1") -> Verdict:
     import io
 
     from kcover.classify.attribution import attribute
-    from kcover.classify.collector import FaultCollector, SourceInfo
-    from kcover.explain import default_matcher, scan_stream
+    from kcover.classify.collector import FaultCollector
+    from kcover.classify.matcher import default_matcher
+    from kcover.collect.sources import SourceInfo
+    from kcover.explain import scan_stream
 
     collector = FaultCollector()
     scan_stream(default_matcher(), io.BytesIO(text.encode()), SourceInfo("rank1", rank=1, node=node), collector)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from kcover import explain
-from kcover.launcher.spec import free_port
+from kcover.ports import free_port
 
 
 def preflight(node: str, rank: int, world: int, port: int, folder: Path, slowdown: float = 1.0,

@@ -13,7 +13,7 @@ from typing import Any
 from kubernetes import client
 from tests.k8s.conftest import Processes, wait_until
 
-from kcover.launcher.spec import free_port
+from kcover.ports import free_port
 from kcover.testing import TestCluster
 
 

@@ -6,8 +6,8 @@ import json
 
 from kcover import explain
 from kcover.classify.collector import FaultCollector
+from kcover.classify.matcher import default_matcher
 from kcover.decide.policy import DecisionKind, RecoveryPolicy
-from kcover.explain import default_matcher
 from kcover.faults import NO_PROGRESS_RULE, Evidence, Fault
 from kcover.k8s import wire
 from kcover.k8s.operator.assess import assess, hung_step

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from kcover import explain
+from kcover.classify.matcher import default_matcher
 from kcover.decide.policy import PastFailure
-from kcover.explain import default_matcher
 from kcover.faults import Category
 from kcover.health.quarantine.policy import NodeAction, NodeDecision
 from kcover.k8s import wire

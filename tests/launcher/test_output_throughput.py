@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from kcover.classify.collector import FaultCollector
-from kcover.explain import default_matcher
+from kcover.classify.matcher import default_matcher
 from kcover.launcher.output import OutputPump
 from kcover.launcher.workers import Worker, WorkerGroup, WorkerSpec, start_worker
 

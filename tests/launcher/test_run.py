@@ -181,3 +181,15 @@ def test_failed_preflight_starts_nothing(tmp_path: Path) -> None:
     assert done.returncode == 1
     assert "preflight failed, nothing started: storage.free" in done.stderr
     assert not (state / "runs").exists()
+
+
+def test_unknown_error_is_other_with_its_line_and_the_user_code_budget(tmp_path: Path) -> None:
+    code, doc, stderr = run(tmp_path, "unknown_error.py", "--nproc-per-node", "2", "--max-restarts", "3")
+    assert code == 1, (doc, stderr[-3000:])
+    assert doc["restarts"] == 1  # one retry: the user-code budget, not --max-restarts
+    assert doc["root_cause"]["category"] == "other"
+    assert doc["root_cause"]["rule"] == "job.unrecognised-failure"
+    assert doc["root_cause"]["rank"] == 1
+    assert "no rule recognises, seen 2 times" in doc["reason"]
+    evidence = [f["evidence"]["line"] for f in doc["faults"] if f["rule"] == "job.unrecognised-failure"]
+    assert set(evidence) == {"Exception: dataset shard 17 is unreadable"}  # once per attempt

@@ -15,6 +15,10 @@ once flagged 77 nodes).  The rules here are few and explicit:
    only when the root rule says the node is at fault.
 4. With only cascade symptoms, the earliest of highest priority stands as the
    root, and nobody is blamed.
+5. When no rule explains the failure (no fatal fault, or only reports of a
+   non-zero exit) but a source's log ends in failure, that source's last
+   fatal-looking line is the root (:mod:`kcover.classify.fallback`, category
+   ``other``); it never changes a verdict that a rule explains.
 
 Pure computation: no I/O, no clock.  Used by ``kcover explain``, the local
 launcher and the Kubernetes operator alike.
@@ -22,9 +26,11 @@ launcher and the Kubernetes operator alike.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TypeVar
 
+from kcover.classify.fallback import Tail, fallback_faults, unexplained
+from kcover.collect.sources import SourceInfo
 from kcover.faults import Action, Fault, Role, Verdict
 
 T = TypeVar("T")
@@ -50,8 +56,12 @@ def _unique(values: Iterable[T | None]) -> list[T]:
     return seen
 
 
-def attribute(faults: Sequence[Fault], warnings: Sequence[str] = ()) -> Verdict:
-    """The verdict for a job from every fault observed in it."""
+def attribute(
+    faults: Sequence[Fault], warnings: Sequence[str] = (), tails: Mapping[SourceInfo, Tail] | None = None
+) -> Verdict:
+    """The verdict for a job from every fault observed in it (and the tails of its logs, for rule 5)."""
+    if tails and unexplained(faults):
+        faults = [*faults, *fallback_faults(tails, beyond_exit=any(fault.is_fatal for fault in faults))]
     if not faults:
         return Verdict(root=None, action=Action.NONE, reason="no fault found", warnings=tuple(warnings))
     fatal = [(fault, position) for position, fault in enumerate(faults) if fault.is_fatal]

@@ -9,29 +9,24 @@ the last kept one, so memory stays bounded whatever the input.
 Rank and node come from the line itself when it says (``[rank3]:``, an NCCL
 host prefix) and otherwise from the source (a file named ``rank3.log`` in a
 folder ``node-2/``, or the worker the launcher started).
+
+The collector also keeps the last few kilobytes of each source
+(:meth:`FaultCollector.keep_tail`), so a log that ends in an error no rule
+names still yields a verdict (:mod:`kcover.classify.fallback`).
 """
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
+from kcover.classify.fallback import Tail, TailKeeper
 from kcover.classify.matcher import Hit
 from kcover.classify.rules import Rule
-from kcover.collect.lines import evidence_text
+from kcover.collect.lines import evidence_text, line_shape
+from kcover.collect.sources import SourceInfo
 from kcover.faults import Evidence, Fault
 
 MAX_DISTINCT = 20
-_DIGITS = re.compile(r"\d+")
-
-
-@dataclass(frozen=True)
-class SourceInfo:
-    """Where a stream of lines comes from: its name and, when known, rank and node."""
-
-    name: str
-    rank: int | None = None
-    node: str | None = None
 
 
 def fault_from_rule(rule: Rule, evidence: Evidence, count: int = 1) -> Fault:
@@ -60,11 +55,12 @@ class FaultCollector:
         self._counts: dict[tuple[str, str, str], int] = {}
         self._distinct: dict[tuple[str, str], int] = {}
         self._last_key: dict[tuple[str, str], tuple[str, str, str]] = {}
+        self._tails: dict[SourceInfo, TailKeeper] = {}
 
     def add_hit(self, source: SourceInfo, hit: Hit) -> Fault | None:
         """Record one hit; returns the new fault, or ``None`` when it only raised a count."""
         line = hit.line
-        key = (source.name, hit.rule.id, _DIGITS.sub("#", line.text[:500]))
+        key = (source.name, hit.rule.id, line_shape(line.text))
         if key in self._counts:
             self._counts[key] += 1
             return None
@@ -93,6 +89,18 @@ class FaultCollector:
         self._distinct[group] = self._distinct.get(group, 0) + 1
         self._last_key[group] = key
         return fault
+
+    def keep_tail(self, source: SourceInfo, block: bytes, lines: int) -> None:
+        """Remember the end of ``source`` after one more cleaned block (``lines``: line breaks read so far)."""
+        keeper = self._tails.get(source)
+        if keeper is None:
+            keeper = self._tails[source] = TailKeeper()
+        keeper.add(block, lines)
+
+    @property
+    def tails(self) -> dict[SourceInfo, Tail]:
+        """The last bytes of every source seen through :meth:`keep_tail`."""
+        return {source: keeper.tail() for source, keeper in self._tails.items()}
 
     @property
     def faults(self) -> list[Fault]:

@@ -197,9 +197,12 @@ class LiteralEngine:
                 flags = re.MULTILINE | (re.IGNORECASE if entry.ignore_case else 0)
                 self._text.append((re.compile(entry.unanchored, flags), entry.rule))
         self._residual = re.compile(b"|".join(residual), re.MULTILINE) if residual else None
+        # Literals are lower-cased; without an ASCII letter among them (a localized message left
+        # to this engine by Hyperscan) lower-casing the block would change nothing they can match.
+        self._fold = any(literal != literal.upper() for literal in self._literals)
 
     def candidates(self, block: bytes) -> list[tuple[int, int]]:
-        lowered = block.lower()
+        lowered = block.lower() if self._fold else block
         hits: list[tuple[int, int]] = []
         for literal, rules in self._literals.items():
             find = lowered.find

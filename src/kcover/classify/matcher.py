@@ -27,6 +27,7 @@ import sys
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from kcover.classify.engine import ALL_RULES, Engine, make_engine
 from kcover.classify.rules import Rule, load_catalog_files, shipped_catalog_files
@@ -173,6 +174,12 @@ class Matcher:
             return None
         head = parse_line(raw[:_HEAD_BYTES]) if with_prefixes else LogLine(text="")
         return best[0], LogLine(text=best[1], timestamp=head.timestamp, rank=head.rank, node=head.node)
+
+
+@lru_cache(maxsize=4)
+def default_matcher(catalogs: tuple[str, ...] = (), engine: str = "auto") -> Matcher:
+    """The shipped catalog (plus user catalogs), compiled once per process."""
+    return Matcher.default(catalogs, engine=engine)
 
 
 def _candidates(hits: list[tuple[int, int]]) -> frozenset[int] | None:

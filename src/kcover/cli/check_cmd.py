@@ -20,6 +20,7 @@ from rich.markup import escape
 
 from kcover.cli.usage import UsageError, seconds, whole_number
 from kcover.collect.printable import json_text, printable
+from kcover.exit_codes import ExitCode
 from kcover.health import registry
 from kcover.health.config import HealthConfigError, load_config
 from kcover.health.model import CheckResult, HealthReport, Status
@@ -30,7 +31,6 @@ from kcover.health.preflight import PreflightResult, run_preflight
 from kcover.health.registry import CheckContext
 from kcover.health.runner import run_checks, select_checks
 
-USAGE = 2
 MAX_SIMULATED_NODES = 64  # local processes forked for --simulate-nodes
 _COLOURS = {Status.PASS: "green", Status.WARN: "yellow", Status.FAIL: "red", Status.ERROR: "red", Status.SKIPPED: "dim"}
 
@@ -81,7 +81,7 @@ def check(
     if list_checks:
         for entry in registry.entries():
             typer.echo(f"{entry.name:<22} {entry.summary}")
-        raise typer.Exit(0)
+        raise typer.Exit(ExitCode.SUCCESS)
     try:
         cfg = load_config(config, known_checks=registry.names())
         if suite not in cfg.suites:
@@ -111,7 +111,7 @@ def check(
         typer.echo(json_text(report.to_dict()))
     else:
         _summary(report)
-    raise typer.Exit(0 if report.ok else 1)
+    raise typer.Exit(ExitCode.SUCCESS if report.ok else ExitCode.FAILED)
 
 
 def _check_remote(node: str, suite: str, kubeconfig: Path | None, timeout: float, as_json: bool) -> None:
@@ -128,10 +128,10 @@ def _check_remote(node: str, suite: str, kubeconfig: Path | None, timeout: float
     if record is None:
         typer.echo(f"kcover: no answer from the kcover agent on node {node} within {timeout:g} s (is it running "
                    "there?); the request was withdrawn", err=True)
-        raise typer.Exit(1)
+        raise typer.Exit(ExitCode.FAILED)
     if record.get("error"):
         typer.echo(f"kcover: node {node}: {record['error']}", err=True)
-        raise typer.Exit(USAGE if record.get("usage_error") else 1)
+        raise typer.Exit(ExitCode.USAGE if record.get("usage_error") else ExitCode.FAILED)
     report = HealthReport(node, tuple(
         CheckResult(c["name"], Status(c["status"]), c.get("reason", ""), c.get("value"), c.get("unit", ""),
                     c.get("threshold"), c.get("seconds", 0.0)) for c in record.get("checks", [])))
@@ -143,7 +143,7 @@ def _check_remote(node: str, suite: str, kubeconfig: Path | None, timeout: float
             if callable(printer):
                 printer(result)
         _summary(report)
-    raise typer.Exit(0 if report.ok else 1)
+    raise typer.Exit(ExitCode.SUCCESS if report.ok else ExitCode.FAILED)
 
 
 def _summary(report: HealthReport) -> None:
@@ -204,4 +204,4 @@ def preflight(
         typer.echo(f"preflight {'passed' if result.passed else 'FAILED'}: {result.reason}")
     if not result.passed:
         typer.echo(result.fault_line(), err=True)
-    raise typer.Exit(0 if result.passed else 1)
+    raise typer.Exit(ExitCode.SUCCESS if result.passed else ExitCode.FAILED)

@@ -17,12 +17,14 @@ from typing import Annotated
 import typer
 
 from kcover.classify.attribution import attribute
-from kcover.classify.collector import FaultCollector, SourceInfo
-from kcover.classify.matcher import Matcher
+from kcover.classify.collector import FaultCollector
+from kcover.classify.matcher import Matcher, default_matcher
 from kcover.cli.render import print_verdict
 from kcover.cli.usage import UsageError
 from kcover.collect.printable import json_text, printable
-from kcover.explain import default_matcher, read_paths, scan_stream
+from kcover.collect.sources import SourceInfo
+from kcover.exit_codes import ExitCode
+from kcover.explain import read_paths, scan_stream
 from kcover.faults import Verdict
 from kcover.report import fault_to_dict, verdict_to_dict
 
@@ -50,7 +52,7 @@ def explain(
         typer.echo(json_text(explain_document(verdict, matcher.engine.name)))
     else:
         print_verdict(verdict)
-    raise typer.Exit(1 if verdict.root and verdict.root.is_fatal else 0)
+    raise typer.Exit(ExitCode.FAILED if verdict.root and verdict.root.is_fatal else ExitCode.SUCCESS)
 
 
 def _explain_files(paths: list[Path], matcher: Matcher) -> Verdict:
@@ -74,7 +76,7 @@ def _explain_stdin(matcher: Matcher) -> Verdict:
         scan_stream(matcher, sys.stdin.buffer, SourceInfo(name="<stdin>"), collector)
     except OSError as error:
         raise UsageError(f"cannot read stdin: {error.strerror or error}") from None
-    return attribute(collector.faults)
+    return attribute(collector.faults, tails=collector.tails)
 
 
 def _nothing_read(paths: list[Path], skipped: int) -> str:

@@ -17,6 +17,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from kcover.exit_codes import ExitCode
 from kcover.launcher.history import History, HistoryError
 
 
@@ -30,17 +31,17 @@ def history(
     database = state_dir / "kcover.db"
     if not database.exists():
         typer.echo(f"kcover: no run history in {state_dir} (no kcover.db)", err=True)
-        raise typer.Exit(2)
+        raise typer.Exit(ExitCode.USAGE)
     try:
         store = History(database, read_only=True)
     except HistoryError as exc:
         typer.echo(f"kcover: {exc}", err=True)
-        raise typer.Exit(1) from None
+        raise typer.Exit(ExitCode.FAILED) from None
     try:
         _show(store, run, limit, as_json)
     except sqlite3.Error as exc:
         typer.echo(f"kcover: cannot read state database {database}: {exc}", err=True)
-        raise typer.Exit(1) from None
+        raise typer.Exit(ExitCode.FAILED) from None
     finally:
         store.close()
 

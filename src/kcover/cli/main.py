@@ -25,7 +25,6 @@ import typer
 from kcover.classify.rules import CatalogError
 from kcover.cli import streams
 from kcover.cli.usage import (
-    USAGE_ERROR,
     Abort,
     ClickException,
     ClickUsageError,
@@ -36,6 +35,7 @@ from kcover.cli.usage import (
     wants_json,
 )
 from kcover.collect.printable import printable
+from kcover.exit_codes import ExitCode
 
 # command name → (module, function, extra Typer settings)
 COMMANDS: dict[str, tuple[str, str, dict[str, Any]]] = {
@@ -58,7 +58,7 @@ def _root(
         from kcover import __version__
 
         typer.echo(__version__)
-        raise typer.Exit(0)
+        raise typer.Exit(ExitCode.SUCCESS)
 
 
 def build_app(names: list[str] | None = None) -> typer.Typer:
@@ -77,10 +77,6 @@ def build_app(names: list[str] | None = None) -> typer.Typer:
     return app
 
 
-SIGPIPE_EXIT = 141  # 128 + SIGPIPE: what a shell reports for a tool killed by a closed pipe
-OUTPUT_ERROR = 74  # EX_IOERR: the results could not be written
-
-
 def main() -> None:
     """Run the CLI; user mistakes become one line on stderr and exit code 2."""
     streams.install()
@@ -90,11 +86,11 @@ def main() -> None:
         code = _invoke(build_app([wanted] if wanted in COMMANDS else None), argv)
         sys.stdout.flush()
     except streams.OutputError as error:
-        code = SIGPIPE_EXIT if error.closed_pipe else _report_output_error(error)
+        code = ExitCode.CLOSED_PIPE if error.closed_pipe else _report_output_error(error)
     except KeyboardInterrupt:
         print("kcover: interrupted", file=sys.stderr)
-        code = 130
-    sys.exit(code)
+        code = ExitCode.INTERRUPTED
+    sys.exit(int(code))
 
 
 def _invoke(app: typer.Typer, argv: list[str]) -> int:
@@ -103,16 +99,16 @@ def _invoke(app: typer.Typer, argv: list[str]) -> int:
         code = app(args=argv, prog_name="kcover", standalone_mode=False)
     except NoArgsIsHelpError as error:
         typer.echo(error.ctx.get_help() if error.ctx else error.format_message())
-        return USAGE_ERROR
+        return ExitCode.USAGE
     except ClickException as error:
         return _usage_error(error, argv)
     except CatalogError as error:
         return _usage_error(UsageError(f"invalid catalog: {error}"), argv)
     except Abort:
         print("kcover: aborted", file=sys.stderr)
-        return 1
-    code = code if isinstance(code, int) else 0
-    if code == USAGE_ERROR and wants_json(argv) and not streams.stdout_used():
+        return ExitCode.FAILED
+    code = code if isinstance(code, int) else ExitCode.SUCCESS
+    if code == ExitCode.USAGE and wants_json(argv) and not streams.stdout_used():
         typer.echo(error_document(streams.last_stderr_line().removeprefix("kcover: ")))
     return code
 
@@ -131,4 +127,4 @@ def _usage_error(error: ClickException, argv: list[str]) -> int:
 
 def _report_output_error(error: streams.OutputError) -> int:
     print(f"kcover: cannot write the output to stdout: {error}", file=sys.stderr)
-    return OUTPUT_ERROR
+    return ExitCode.OUTPUT_ERROR

@@ -18,6 +18,7 @@ import typer
 from kcover.cli.usage import UsageError
 from kcover.collect.printable import json_text
 from kcover.decide.policy import RecoveryPolicy
+from kcover.exit_codes import ExitCode
 from kcover.launcher.inject import InjectError, parse_injections
 from kcover.launcher.reporting import print_summary, run_document
 from kcover.launcher.spec import RunSpec, SpecError, check_options
@@ -88,5 +89,5 @@ def _preflight(state_dir: Path, nnodes: int, config: Path | None) -> None:
         raise UsageError(f"preflight: {error}") from None
     if not result.passed:
         typer.echo(f"kcover: preflight failed, nothing started: {result.reason}", err=True)
-        raise typer.Exit(1)
+        raise typer.Exit(ExitCode.FAILED)
     typer.echo(f"kcover: preflight passed ({result.reason})", err=True)

@@ -23,7 +23,6 @@ from collections.abc import Callable
 import typer
 from typer._click import exceptions as click_errors  # Typer's own copy of click
 
-USAGE_ERROR = 2
 MAX_SECONDS = 30 * 86400  # the longest duration any option takes: 30 days
 MAX_COUNT = 1_000_000
 

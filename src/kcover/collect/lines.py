@@ -22,6 +22,8 @@ from typing import BinaryIO
 BLOCK_BYTES = 1 << 20
 MAX_LINE_BYTES = 1 << 20
 EVIDENCE_CHARS = 2000
+SHAPE_CHARS = 500
+"""Characters of a line that decide whether two lines are repeats of one another (see :func:`line_shape`)."""
 
 _ANSI = re.compile(rb"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
 _CRI = re.compile(r"^(\d{4}-\d\d-\d\dT[\d:.]+(?:Z|[+-]\d\d:\d\d)) (?:stdout|stderr) [FP] ?")
@@ -33,6 +35,7 @@ _TIMESTAMP = re.compile(
     r"|^\[\s*(\d+\.\d+)\]"
 )
 _NCCL_HOST = re.compile(r"(?:^|\s)([A-Za-z0-9][\w.\-]*):\d+:\d+ \[\d+\] NCCL")
+_DIGITS = re.compile(r"\d+")
 _RANK_IN_TEXT = re.compile(r"\[(?:PG [^\]]*?)?Rank (\d+)\]|\brank[ =:]\s?(\d+)\b", re.IGNORECASE)
 
 
@@ -116,3 +119,12 @@ def evidence_text(text: str, around: int | None = None) -> str:
     centre = around if around is not None else 0
     start = max(0, min(centre - EVIDENCE_CHARS // 2, len(text) - EVIDENCE_CHARS))
     return f"…{text[start:start + EVIDENCE_CHARS]}… [{len(text)} chars]"
+
+
+def line_shape(text: str) -> str:
+    """A line with its numbers masked, cut to :data:`SHAPE_CHARS`: equal shapes are repeats of one fault.
+
+    Used to count a flood of near-identical lines (timestamps, pids, addresses
+    differ) as one fault, by the collector and by the node agent alike.
+    """
+    return _DIGITS.sub("#", text[:SHAPE_CHARS])

@@ -26,12 +26,20 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from kcover.classify.collector import SourceInfo
 from kcover.collect.printable import printable
 
 _RANK = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 _NODE_FILE = re.compile(r"^(node[-_]?[A-Za-z0-9]+)", re.IGNORECASE)
 _CRI_POD = re.compile(r"^([^_]+)_([^_]+)_[0-9a-f\-]{8,}$")
+
+
+@dataclass(frozen=True)
+class SourceInfo:
+    """Where a stream of lines comes from: its name and, when known, rank and node."""
+
+    name: str
+    rank: int | None = None
+    node: str | None = None
 
 
 @dataclass(frozen=True)

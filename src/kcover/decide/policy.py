@@ -11,7 +11,9 @@ The rules, in order:
 1. The retry budget (``max_restarts``) is never exceeded.
 2. A fault that a restart cannot fix (``retriable: false``) fails the job at
    once, except ``user_code``, which gets ``user_code_retries`` retries (one by
-   default) in case it was a fluke.
+   default) in case it was a fluke.  A failure no rule recognises
+   (``job.unrecognised-failure``: the log ends in an error nobody named) is
+   restarted within the same budget, shared with ``user_code``.
 3. A hang at the same step as an earlier hang is deterministic: fail.
 4. When the verdict blames nodes, they are excluded; each is replaced by a
    spare, or the job shrinks if ``min_nodes`` allows, or the job fails.
@@ -27,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-from kcover.faults import Action, Category, Verdict
+from kcover.faults import UNRECOGNISED_FAILURE_RULE, Action, Category, Verdict
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,11 @@ def backoff(policy: RecoveryPolicy, restarts: int) -> float:
     return float(min(policy.backoff_max, policy.backoff_initial * policy.backoff_factor ** (restarts - 1)))
 
 
+def _on_user_budget(failure: PastFailure) -> bool:
+    """Whether an earlier failure spent the user-code retry budget (user code, or unrecognised)."""
+    return failure.category is Category.USER_CODE or failure.rule == UNRECOGNISED_FAILURE_RULE
+
+
 def decide(policy: RecoveryPolicy, state: RecoveryState, end: AttemptEnd) -> tuple[Decision, RecoveryState]:
     """The decision after a failed attempt, and the state to remember for the next one."""
     verdict = end.verdict
@@ -102,12 +109,14 @@ def decide(policy: RecoveryPolicy, state: RecoveryState, end: AttemptEnd) -> tup
 
     if state.restarts >= policy.max_restarts:
         return fail(f"retry budget exhausted after {state.restarts} restart(s); last: {what}")
-    if verdict.action is Action.FAIL:
-        if verdict.category is not Category.USER_CODE:
-            return fail(f"not retriable: {what}")
-        earlier = sum(1 for f in state.failures if f.category is Category.USER_CODE)
+    if verdict.action is Action.FAIL and verdict.category is not Category.USER_CODE:
+        return fail(f"not retriable: {what}")
+    unrecognised = verdict.rule == UNRECOGNISED_FAILURE_RULE
+    if verdict.action is Action.FAIL or unrecognised:
+        earlier = sum(1 for f in state.failures if _on_user_budget(f))
         if earlier >= policy.user_code_retries:
-            return fail(f"deterministic user error, seen {earlier + 1} times: {what}")
+            kind = "failure no rule recognises" if unrecognised else "deterministic user error"
+            return fail(f"{kind}, seen {earlier + 1} times: {what}")
     if end.hung_at_step is not None and any(f.hung_at_step == end.hung_at_step for f in state.failures):
         return fail(f"hang recurred at step {end.hung_at_step}: deterministic, not retrying")
     nodes, spares, excluded = list(end.nodes), list(state.spares), list(state.excluded)

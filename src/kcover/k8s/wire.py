@@ -14,20 +14,23 @@ from collections.abc import Sequence
 from typing import Any
 
 from kcover.faults import Category, Evidence, Fault, Role, Severity
+from kcover.report import fault_to_dict
 
 MAX_RECORDS = 20
 MAX_LINE = 500
 
 
 def fault_record(fault: Fault) -> dict[str, Any]:
-    evidence = fault.evidence
-    return {
-        "rule": fault.rule, "category": fault.category.value, "severity": fault.severity.value,
-        "role": fault.role.value, "retriable": fault.retriable, "node_at_fault": fault.node_at_fault,
-        "priority": fault.priority, "title": fault.title, "count": fault.count,
-        "line": evidence.line[:MAX_LINE], "source": evidence.source, "line_number": evidence.line_number,
-        "timestamp": evidence.timestamp, "rank": evidence.rank, "node": evidence.node, "step": evidence.step,
-    }
+    """The compact record of a fault: :func:`~kcover.report.fault_to_dict` with its evidence flattened.
+
+    Without the remediation (the operator takes it from its own catalog), with
+    the priority (the operator ranks root causes by it), the line cut to
+    :data:`MAX_LINE` characters.
+    """
+    document = fault_to_dict(fault)
+    del document["remediation"]
+    evidence = document.pop("evidence")
+    return {**document, "priority": fault.priority, **evidence, "line": evidence["line"][:MAX_LINE]}
 
 
 def encode(faults: Sequence[Fault]) -> str:

@@ -1,12 +1,14 @@
 """One attempt of a job: launch every worker, watch until it ends, stop and judge it.
 
 :class:`Attempt` owns everything that lives for one attempt — the worker group,
-the output pump, the fault collector, the hang detector, the injections due —
-and ends with an :class:`~kcover.launcher.reporting.AttemptRecord` whose verdict
-says why it ended.  It ends when all workers exit 0 (``succeeded``), after a
-fatal fault or abnormal exit plus ``settle`` seconds for the other ranks'
-evidence unless the failing worker already exited (``failed``), when no progress came for the hang timeout (``hung``:
-stacks captured first), or when kcover is asked to stop (``interrupted``).
+the output pump, the fault collector, the hang detector — and :meth:`Attempt.run`
+returns a frozen :class:`~kcover.launcher.result.AttemptResult` whose outcome
+and verdict say how and why it ended.  It ends when all workers exit 0
+(``succeeded``), after a fatal fault or abnormal exit plus ``settle`` seconds
+for the other ranks' evidence unless the failing worker already exited
+(``failed``), when no progress came for the hang timeout (``hung``: stacks
+captured first), or when kcover is asked to stop (``interrupted``).  Injected
+faults (:class:`~kcover.launcher.inject.Injector`) are asked for once per tick.
 
 Its files (``rankR.log``, ``stacks.txt``, ``<node>.kmsg``) live in
 ``<run dir>/attempt-N/``.  A state dir that cannot be written (full disk) is
@@ -17,13 +19,10 @@ the attempt, an exception included, the workers are stopped before it returns.
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from kcover.classify.attribution import attribute
@@ -32,12 +31,15 @@ from kcover.classify.exit_codes import describe_exit, rule_for_exit
 from kcover.classify.matcher import Matcher
 from kcover.collect.lines import parse_line
 from kcover.faults import Evidence
-from kcover.launcher.hang import HangDetector
-from kcover.launcher.inject import Injection, InjectKind, kernel_line
+from kcover.launcher.inject import Injector, Shot
 from kcover.launcher.output import Event, FaultSeen, LogTrouble, OutputPump, ProgressSeen
-from kcover.launcher.reporting import AttemptRecord, Reporter
-from kcover.launcher.spec import RunSpec, free_port, worker_specs
-from kcover.launcher.workers import Worker, WorkerGroup, start_worker
+from kcover.launcher.reporting import Reporter
+from kcover.launcher.result import AttemptOutcome, AttemptResult
+from kcover.launcher.spec import RunSpec, worker_specs
+from kcover.launcher.stacks import capture_stacks
+from kcover.launcher.workers import WorkerGroup, start_worker
+from kcover.ports import free_port
+from kcover.steps import HangDetector
 
 TICK = 0.05
 ROUND = 0.025
@@ -45,24 +47,48 @@ ROUND = 0.025
 A round that found a pipe full does not pause: the next one starts at once."""
 
 
+@dataclass(frozen=True)
+class AttemptPlan:
+    """What the supervisor decided for one attempt: its number, nodes, start and the restarts so far."""
+
+    number: int
+    nodes: tuple[str, ...]
+    started: float
+    restarts: int
+
+
+@dataclass
+class _Moments:
+    """When things happened during the attempt, filled in as they happen (frozen into the result at the end)."""
+
+    launched: float | None = None
+    first_progress: float | None = None
+    last_checkpoint: float | None = None
+    first_fault: float | None = None
+    first_fault_wall: float | None = None
+    stop_began: float | None = None
+    max_step: int | None = None
+
+
 class Attempt:
-    def __init__(self, spec: RunSpec, record: AttemptRecord, restarts: int, matcher: Matcher,
-                 reporter: Reporter, fired: set[tuple[Injection, int]], run_dir: Path) -> None:
+    def __init__(self, spec: RunSpec, plan: AttemptPlan, matcher: Matcher, reporter: Reporter,
+                 injector: Injector, run_dir: Path) -> None:
         self.spec = spec
-        self.record = record
-        self.restarts = restarts
+        self.plan = plan
         self.matcher = matcher
         self.reporter = reporter
-        self.fired = fired
-        self.folder = run_dir / f"attempt-{record.number}"
+        self.injector = injector
+        self.folder = run_dir / f"attempt-{plan.number}"
         self.collector = FaultCollector()
+        self.moments = _Moments()
         self.steps: dict[int, int] = {}
         self.trigger: float | None = None
         self.killed_by_injection: set[int] = set()
+        self.died: set[int] = set()  # ranks that exited non-zero on their own: their logs' ends may say why
         self.hung_at: int | None = None
 
-    def run(self, stop_requested: Callable[[], bool]) -> None:
-        """Launch, watch, stop and judge; the outcome and verdict land in the record."""
+    def run(self, stop_requested: Callable[[], bool]) -> AttemptResult:
+        """Launch, watch, stop and judge; returns how the attempt ended and why."""
         with contextlib.suppress(OSError):  # a full disk: the pump says so once, supervision goes on
             self.folder.mkdir(parents=True, exist_ok=True)
         pump = OutputPump(self.matcher, self.collector, self.folder,
@@ -71,29 +97,30 @@ class Attempt:
         try:
             self._launch(pump, group)
             hang = HangDetector(time.monotonic(), self.spec.hang_timeout, self.spec.startup_timeout)
-            self.record.outcome = self._watch(pump, group, hang, stop_requested)
-            self._wind_down(pump, group, hang)
+            outcome = self._watch(pump, group, hang, stop_requested)
+            self._wind_down(pump, group, hang, outcome)
         finally:
             if group.running:  # an exception ended the attempt: never leave a worker unsupervised
                 group.stop(self.spec.grace_period)
             pump.close()
             group.close()
-        self.record.ended = time.monotonic()
-        self.record.verdict = attribute(self.collector.faults)
+        tails = {source: tail for source, tail in self.collector.tails.items() if source.rank in self.died}
+        return AttemptResult(outcome, attribute(self.collector.faults, tails=tails), ended=time.monotonic(),
+                             hung_at=self.hung_at, **asdict(self.moments))
 
     def _launch(self, pump: OutputPump, group: WorkerGroup) -> None:
         """Start every worker into ``group`` (the caller stops and closes what started, whatever happens)."""
         port = self.spec.master_port or free_port()
-        specs = worker_specs(self.spec, self.record.nodes, self.record.number, self.restarts, port, self.folder)
+        plan = self.plan
+        specs = worker_specs(self.spec, plan.nodes, plan.number, plan.restarts, port, self.folder)
         for worker_spec in specs:
             group.workers.append(start_worker(worker_spec))
             pump.add(group.workers[-1])
-        self.record.launched = time.monotonic()
-        self.reporter.event("start", f"attempt {self.record.number}: {len(specs)} workers on "
-                                     f"{', '.join(self.record.nodes)}")
+        self.moments.launched = time.monotonic()
+        self.reporter.event("start", f"attempt {plan.number}: {len(specs)} workers on {', '.join(plan.nodes)}")
 
     def _watch(self, pump: OutputPump, group: WorkerGroup, hang: HangDetector,
-               stop_requested: Callable[[], bool]) -> str:
+               stop_requested: Callable[[], bool]) -> AttemptOutcome:
         crashed = False
         while True:
             round_began = time.monotonic()
@@ -107,20 +134,20 @@ class Attempt:
             self._inject(group)
             now = time.monotonic()
             if stop_requested():
-                return "interrupted"
+                return AttemptOutcome.INTERRUPTED
             if not group.running and all(w.exit_code == 0 for w in group.workers):
-                return "succeeded"
+                return AttemptOutcome.SUCCEEDED
             if crashed or (self.trigger is not None and now - self.trigger >= self.spec.settle):
-                return "failed"
+                return AttemptOutcome.FAILED
             if self.trigger is None and hang.is_hung(now):
                 self._on_hang(hang, group, now)
-                return "hung"
+                return AttemptOutcome.HUNG
             if not pump.busy:
                 time.sleep(max(0.0, round_began + ROUND - time.monotonic()))
 
-    def _wind_down(self, pump: OutputPump, group: WorkerGroup, hang: HangDetector) -> None:
-        self.record.stop_began = time.monotonic()
-        if self.record.outcome != "succeeded":
+    def _wind_down(self, pump: OutputPump, group: WorkerGroup, hang: HangDetector, outcome: AttemptOutcome) -> None:
+        stop_began = self.moments.stop_began = time.monotonic()
+        if outcome is not AttemptOutcome.SUCCEEDED:
             stopped = group.stop(self.spec.grace_period)
             self.reporter.event("stop", f"stopped {len(group.workers)} workers in {stopped:.2f}s")
         else:
@@ -128,8 +155,8 @@ class Attempt:
         for seen in pump.drain(5.0):
             if not isinstance(seen, FaultSeen):
                 self._on_event(hang, seen)
-        if self.record.outcome == "failed":
-            self._exit_faults(group, self.record.stop_began)
+        if outcome is AttemptOutcome.FAILED:
+            self._exit_faults(group, stop_began)
 
     def _on_event(self, hang: HangDetector, seen: Event) -> None:
         if isinstance(seen, ProgressSeen):
@@ -141,17 +168,18 @@ class Attempt:
 
     def _on_progress(self, hang: HangDetector, seen: ProgressSeen) -> None:
         self.steps[seen.rank] = max(self.steps.get(seen.rank, -1), seen.step)
+        moments = self.moments
         if seen.checkpoint:
-            self.record.last_checkpoint = seen.at
+            moments.last_checkpoint = seen.at
         if hang.observe(seen.step, seen.at):
-            self.record.first_progress = self.record.first_progress or seen.at
-            self.record.max_step = seen.step
+            moments.first_progress = moments.first_progress or seen.at
+            moments.max_step = seen.step
             self.reporter.progress(seen.rank, seen.step)
 
     def _on_fault(self, seen: FaultSeen) -> None:
         fault = seen.fault
-        if self.record.first_fault is None:
-            self.record.first_fault, self.record.first_fault_wall = seen.at, time.time()
+        if self.moments.first_fault is None:
+            self.moments.first_fault, self.moments.first_fault_wall = seen.at, time.time()
         where = f"rank {fault.rank}" if fault.rank is not None else (fault.node or fault.evidence.source)
         self.reporter.event("fault", f"{fault.category.value} ({fault.rule}) on {where}: {fault.evidence.line[:120]}")
         self.trigger = self.trigger if self.trigger is not None else seen.at
@@ -170,7 +198,7 @@ class Attempt:
         rule = self.matcher.classify_text(text)
         if rule is not None:
             self.collector.add(rule, Evidence(source="kcover", line=text))
-        self.record.first_fault = self.record.first_fault or now
+        self.moments.first_fault = self.moments.first_fault or now
 
     def _exit_faults(self, group: WorkerGroup, stop_began: float) -> None:
         """Faults for workers that died on their own, before kcover stopped the group."""
@@ -180,6 +208,7 @@ class Attempt:
             if code in (None, 0) or worker.rank in self.killed_by_injection or not died_first:
                 continue
             assert code is not None
+            self.died.add(worker.rank)
             rule = rule_for_exit(self.matcher.rules, code)
             if rule is not None:
                 evidence = Evidence(source=f"rank{worker.rank}", line=describe_exit(code), rank=worker.rank,
@@ -187,24 +216,19 @@ class Attempt:
                 self.collector.add(rule, evidence)
 
     def _inject(self, group: WorkerGroup) -> None:
-        elapsed = time.monotonic() - self.record.started
-        for injection in self.spec.injections:
-            key = (injection, self.record.number if injection.sticky else 0)
-            worker = _target(group, injection.target)
-            if key in self.fired or worker is None or worker.exit_code is not None:
-                continue
-            progress = self.steps.get(worker.rank, -1) if injection.when == "step" else elapsed
-            if progress < injection.value:
-                continue
-            self.fired.add(key)
-            self.reporter.event("inject", f"{injection.kind.value} on rank {worker.rank} ({worker.node})")
-            line = kernel_line(injection.kind, worker.pid)
-            if line is not None:
-                self._kernel_message(worker.node, line)
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(worker.pid, signal.SIGSTOP if injection.kind is InjectKind.HANG else signal.SIGKILL)
-            if injection.kind is not InjectKind.HANG:
-                self.killed_by_injection.add(worker.rank)
+        elapsed = time.monotonic() - self.plan.started
+        for shot in self.injector.due(self.plan.number, group.workers, self.steps, elapsed):
+            self._fire(shot)
+
+    def _fire(self, shot: Shot) -> None:
+        worker = shot.worker
+        self.reporter.event("inject", f"{shot.injection.kind.value} on rank {worker.rank} ({worker.node})")
+        line = shot.kernel_line
+        if line is not None:
+            self._kernel_message(worker.node, line)
+        shot.fire()
+        if shot.kills:
+            self.killed_by_injection.add(worker.rank)
 
     def _kernel_message(self, node: str, line: str) -> None:
         """Record a node's kernel message as the node agent would read it from /dev/kmsg."""
@@ -220,26 +244,3 @@ class Attempt:
         fault = self.collector.add(rule, Evidence(source=f"{node}/kmsg", line=text, node=node))
         if fault is not None and fault.is_fatal:
             self._on_fault(FaultSeen(fault, time.monotonic()))
-
-
-def _target(group: WorkerGroup, target: str) -> Worker | None:
-    return next((w for w in group.workers if target in (f"rank{w.rank}", w.node)), None)
-
-
-def capture_stacks(group: WorkerGroup, path: Path) -> int:
-    """Python stacks of every running worker via py-spy (if installed); returns how many."""
-    beside = Path(sys.executable).parent / "py-spy"
-    spy = shutil.which("py-spy") or (str(beside) if beside.exists() else None)
-    if spy is None:
-        return 0
-    captured = 0
-    with path.open("w") as out:
-        for worker in group.running:
-            try:
-                done = subprocess.run([spy, "dump", "--pid", str(worker.pid)], capture_output=True, text=True,
-                                      timeout=15, check=False)
-            except subprocess.TimeoutExpired:
-                continue
-            out.write(f"=== rank {worker.rank} ({worker.node}) pid {worker.pid}\n{done.stdout}{done.stderr}\n")
-            captured += done.returncode == 0
-    return captured

@@ -13,14 +13,22 @@ A spec is ``KIND@TARGET[:WHEN]``, several joined by ``,``:
 Hardware faults (``xid*``) stay with their node: they fire in every attempt that
 uses it, as a broken GPU would.  The others fire once, in the first attempt.
 The launcher plays them from outside the worker, so the training script runs
-unchanged.
+unchanged: the attempt asks its :class:`Injector` once per watch tick which
+injections are due (:meth:`Injector.due`), says so, records the kernel line
+where there is one, then :meth:`Shot.fire` sends the signal.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
-from dataclasses import dataclass
+import signal
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from enum import StrEnum
+
+from kcover.launcher.workers import Worker
 
 
 class InjectError(ValueError):
@@ -84,3 +92,53 @@ def kernel_line(kind: InjectKind, pid: int) -> str | None:
         return (f"Out of memory: Killed process {pid} (python) total-vm:90000000kB, anon-rss:80000000kB, "
                 "file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:160000kB oom_score_adj:0")
     return None
+
+
+@dataclass(frozen=True)
+class Shot:
+    """One injection that is due now, on the worker it targets."""
+
+    injection: Injection
+    worker: Worker
+
+    @property
+    def kernel_line(self) -> str | None:
+        """What the node's kernel log says about this fault, if anything."""
+        return kernel_line(self.injection.kind, self.worker.pid)
+
+    @property
+    def kills(self) -> bool:
+        """The worker dies of it (its exit is then the injection's doing, not a fault of its own)."""
+        return self.injection.kind is not InjectKind.HANG
+
+    def fire(self) -> None:
+        """Freeze (``hang``: SIGSTOP) or kill (SIGKILL) the worker's process group."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.worker.pid, signal.SIGKILL if self.kills else signal.SIGSTOP)
+
+
+@dataclass
+class Injector:
+    """The run's injections and which have fired: one per run, asked once per watch tick."""
+
+    injections: Sequence[Injection]
+    fired: set[tuple[Injection, int]] = field(default_factory=set)
+
+    def due(self, attempt: int, workers: Sequence[Worker], steps: Mapping[int, int], elapsed: float) -> list[Shot]:
+        """The injections to fire now (marked fired): their target runs and reached the step or time."""
+        shots = []
+        for injection in self.injections:
+            key = (injection, attempt if injection.sticky else 0)
+            worker = _target(workers, injection.target)
+            if key in self.fired or worker is None or worker.exit_code is not None:
+                continue
+            progress = steps.get(worker.rank, -1) if injection.when == "step" else elapsed
+            if progress < injection.value:
+                continue
+            self.fired.add(key)
+            shots.append(Shot(injection, worker))
+        return shots
+
+
+def _target(workers: Sequence[Worker], target: str) -> Worker | None:
+    return next((w for w in workers if target in (f"rank{w.rank}", w.node)), None)

@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import re
 import selectors
 import time
 from collections.abc import Iterator
@@ -36,19 +35,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from kcover.classify.collector import FaultCollector, SourceInfo
+from kcover.classify.collector import FaultCollector
 from kcover.classify.matcher import Matcher
 from kcover.collect.lines import MAX_LINE_BYTES, clean_block
+from kcover.collect.sources import SourceInfo
 from kcover.faults import Fault
 from kcover.launcher.workers import Worker
+from kcover.steps import last_step
 
-_STEP_AT = re.compile(rb"(?:step|iteration|iter)\s*[:=#]?\s*(\d+)")
-_WORDS = (b"step", b"iter")
 READ_BYTES = 1 << 16
 STREAM_BUDGET = 1 << 20
 """Bytes read from one stream per wake-up: enough to drain a full pipe, bounded so others get their turn."""
 PIPE_BYTES = 1 << 20
-STEP_WINDOW = 4096
 FLUSH_SECONDS = 0.5
 
 
@@ -215,6 +213,7 @@ class OutputPump:
             if fault is not None:
                 yield FaultSeen(fault, now)
         log.lines += cleaned.count(b"\n")
+        self.collector.keep_tail(log.source, cleaned, log.lines)
         step = last_step(cleaned)
         if step is not None:
             yield ProgressSeen(worker.rank, step, now)
@@ -269,27 +268,6 @@ def _enlarge_pipe(fd: int) -> None:
     """Give a chatty rank room to write while a wake-up is processed; keep the default where refused."""
     with contextlib.suppress(OSError, AttributeError):
         fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
-
-
-def last_step(block: bytes) -> int | None:
-    """The last step number a block of log names (``step 12``, ``iteration 12/500``, ``global_step=12``).
-
-    Searched backwards from the end of the block with ``rfind`` (the newest step
-    is nearly always in the last line), so a busy log costs microseconds.
-    """
-    window = block[-STEP_WINDOW:].lower()
-    end = len(window)
-    while end > 0:
-        position = max(window.rfind(word, 0, end) for word in _WORDS)
-        if position < 0:
-            return None
-        before = window[position - 1 : position]
-        if not before.isalnum() or window[max(0, position - 7) : position] == b"global_":
-            match = _STEP_AT.match(window, position)
-            if match:
-                return int(match.group(1))
-        end = position
-    return None
 
 
 def _progress_events(rank: int, block: bytes, now: float) -> Iterator[ProgressSeen]:

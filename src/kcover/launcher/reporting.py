@@ -2,7 +2,8 @@
 
 A :class:`Reporter` receives events as they happen (the console reporter prints
 one line each to stderr; the demo draws a live panel).  :class:`AttemptRecord`
-and :class:`RunResult` hold what the summary and the JSON need.
+(an attempt's :class:`~kcover.launcher.result.AttemptResult` and what was
+decided after it) and :class:`RunResult` hold what the summary and the JSON need.
 
 ETTR (effective training time ratio) = productive time ÷ wall time.  An
 attempt's productive time is from its first reported step to its last complete
@@ -18,7 +19,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TextIO
 
+from kcover.decide.lifecycle import JobPhase
+from kcover.exit_codes import ExitCode
 from kcover.faults import Fault, Verdict
+from kcover.launcher.result import AttemptOutcome, AttemptResult
 from kcover.report import fault_to_dict
 
 
@@ -43,37 +47,43 @@ class ConsoleReporter:
         return None
 
 
-@dataclass
+@dataclass(frozen=True)
 class AttemptRecord:
+    """One attempt as the run reports it: where and when it ran, its result, what was decided after it.
+
+    Built by the supervisor once the attempt has ended (``result`` is ``None``
+    only for an attempt that kcover itself failed during).
+    """
+
     number: int
     nodes: tuple[str, ...]
     started: float
-    launched: float | None = None
-    first_progress: float | None = None
-    last_checkpoint: float | None = None
-    first_fault: float | None = None
-    first_fault_wall: float | None = None
-    stop_began: float | None = None
-    ended: float | None = None
-    max_step: int | None = None
-    outcome: str = "running"
-    verdict: Verdict | None = None
+    result: AttemptResult | None = None
     decision: str = ""
     reason: str = ""
 
+    @property
+    def outcome(self) -> AttemptOutcome:
+        return self.result.outcome if self.result else AttemptOutcome.RUNNING
+
+    @property
+    def verdict(self) -> Verdict | None:
+        return self.result.verdict if self.result else None
+
     def productive(self) -> float:
-        if self.first_progress is None or self.ended is None:
+        result = self.result
+        if result is None or result.first_progress is None:
             return 0.0
-        if self.outcome == "succeeded":
-            return self.ended - self.first_progress
-        if self.last_checkpoint is not None:
-            return max(0.0, self.last_checkpoint - self.first_progress)
+        if result.outcome is AttemptOutcome.SUCCEEDED:
+            return result.ended - result.first_progress
+        if result.last_checkpoint is not None:
+            return max(0.0, result.last_checkpoint - result.first_progress)
         return 0.0
 
 
 @dataclass
 class RunResult:
-    status: str
+    status: JobPhase
     started: float
     ended: float
     attempts: list[AttemptRecord] = field(default_factory=list)
@@ -97,13 +107,15 @@ class RunResult:
     @property
     def root(self) -> Fault | None:
         for attempt in reversed(self.attempts):
-            if attempt.verdict is not None and attempt.verdict.root is not None and attempt.outcome != "succeeded":
-                return attempt.verdict.root
+            verdict = attempt.verdict
+            if verdict is not None and verdict.root is not None and attempt.outcome is not AttemptOutcome.SUCCEEDED:
+                return verdict.root
         return None
 
     @property
-    def exit_code(self) -> int:
-        return {"succeeded": 0, "interrupted": 130}.get(self.status, 1)
+    def exit_code(self) -> ExitCode:
+        return {JobPhase.SUCCEEDED: ExitCode.SUCCESS, JobPhase.INTERRUPTED: ExitCode.INTERRUPTED}.get(
+            self.status, ExitCode.FAILED)
 
 
 def run_document(result: RunResult) -> dict[str, Any]:
@@ -114,7 +126,7 @@ def run_document(result: RunResult) -> dict[str, Any]:
         for fault in attempt.verdict.faults if attempt.verdict else ():
             faults.append({"attempt": attempt.number, **fault_to_dict(fault)})
     return {
-        "status": result.status,
+        "status": result.status.value,
         "restarts": result.restarts,
         "reason": result.reason,
         "root_cause": {"category": root.category.value, "rule": root.rule, "node": root.node, "rank": root.rank}
@@ -134,31 +146,38 @@ def run_document(result: RunResult) -> dict[str, Any]:
 
 
 def _attempt_document(attempt: AttemptRecord) -> dict[str, Any]:
-    def since_start(moment: float | None) -> float | None:
-        return None if moment is None else round(moment - attempt.started, 3)
-
     verdict = attempt.verdict
     return {
         "number": attempt.number,
         "nodes": list(attempt.nodes),
-        "outcome": attempt.outcome,
-        "max_step": attempt.max_step,
+        "outcome": attempt.outcome.value,
+        "max_step": attempt.result.max_step if attempt.result else None,
         "root_cause": None if verdict is None or verdict.root is None else {
             "category": verdict.root.category.value, "rule": verdict.root.rule,
             "nodes": list(verdict.nodes), "ranks": list(verdict.ranks), "action": verdict.action.value,
         },
         "decision": attempt.decision,
         "reason": attempt.reason,
-        "timings": {
-            "launch_seconds": since_start(attempt.launched),
-            "first_progress_seconds": since_start(attempt.first_progress),
-            "first_fault_seconds": since_start(attempt.first_fault),
-            "first_fault_epoch": attempt.first_fault_wall,
-            "stop_seconds": None if attempt.stop_began is None or attempt.ended is None
-            else round(attempt.ended - attempt.stop_began, 3),
-            "duration_seconds": since_start(attempt.ended),
-            "productive_seconds": round(attempt.productive(), 3),
-        },
+        "timings": {**_timings(attempt.started, attempt.result), "productive_seconds": round(attempt.productive(), 3)},
+    }
+
+
+def _timings(started: float, result: AttemptResult | None) -> dict[str, float | None]:
+    """Seconds from the attempt's start to each moment (all ``None`` for an attempt that never ended)."""
+    if result is None:
+        return dict.fromkeys(("launch_seconds", "first_progress_seconds", "first_fault_seconds", "first_fault_epoch",
+                              "stop_seconds", "duration_seconds"))
+
+    def since_start(moment: float | None) -> float | None:
+        return None if moment is None else round(moment - started, 3)
+
+    return {
+        "launch_seconds": since_start(result.launched),
+        "first_progress_seconds": since_start(result.first_progress),
+        "first_fault_seconds": since_start(result.first_fault),
+        "first_fault_epoch": result.first_fault_wall,
+        "stop_seconds": None if result.stop_began is None else round(result.ended - result.stop_began, 3),
+        "duration_seconds": since_start(result.ended),
     }
 
 
@@ -176,8 +195,9 @@ def print_summary(result: RunResult, stream: TextIO | None = None) -> None:
         cause = "" if root is None else f"{root.category.value} ({root.rule})"
         if attempt.verdict and attempt.verdict.nodes:
             cause += f" on {', '.join(attempt.verdict.nodes)}"
-        table.add_row(str(attempt.number), ", ".join(attempt.nodes), attempt.outcome,
-                      "" if attempt.max_step is None else str(attempt.max_step), cause, attempt.decision)
+        table.add_row(str(attempt.number), ", ".join(attempt.nodes), attempt.outcome.value,
+                      "" if attempt.result is None or attempt.result.max_step is None else str(attempt.result.max_step),
+                      cause, attempt.decision)
     console.print(table)
     lost = result.wall - sum(a.productive() for a in result.attempts)
     console.print(

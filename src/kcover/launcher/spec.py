@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 import os
 import shutil
-import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,12 +118,6 @@ def validate(spec: RunSpec) -> None:
             raise SpecError(f"injection target {target} is outside the world size {spec.world_size}")
         if target.startswith("node-") and target not in all_nodes:
             raise SpecError(f"injection target {target} is not one of the nodes {', '.join(all_nodes)}")
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def worker_specs(

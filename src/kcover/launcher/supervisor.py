@@ -1,10 +1,12 @@
 """The supervision loop of ``kcover run``: attempt, judge, decide, restart — until done.
 
 Each attempt (:class:`~kcover.launcher.attempt.Attempt`) runs the whole job
-once and ends with a verdict.  The supervisor feeds a failed attempt's verdict
+once and returns an :class:`~kcover.launcher.result.AttemptResult` (outcome
+and verdict).  The supervisor feeds a failed attempt's verdict
 to the shared pure policy (:func:`kcover.decide.policy.decide`), which says
 whether and on which nodes to restart, keeps the job's lifecycle state machine
-honest, records everything in the run history, and turns SIGINT/SIGTERM/SIGHUP
+honest, builds the :class:`~kcover.launcher.reporting.AttemptRecord` it reports
+from the result and the decision, records everything in the run history, and turns SIGINT/SIGTERM/SIGHUP
 to kcover itself into a clean, recorded ``interrupted`` run.  A guardian process
 (:mod:`kcover.launcher.guardian`) kills what the run started should kcover die
 without that chance (``kill -9``).
@@ -21,15 +23,16 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
-from kcover.classify.matcher import Matcher
+from kcover.classify.matcher import Matcher, default_matcher
 from kcover.decide.lifecycle import JobPhase, Lifecycle
 from kcover.decide.policy import AttemptEnd, DecisionKind, RecoveryState, decide
-from kcover.explain import default_matcher
+from kcover.faults import Verdict
 from kcover.launcher import statedir
-from kcover.launcher.attempt import TICK, Attempt
+from kcover.launcher.attempt import TICK, Attempt, AttemptPlan
 from kcover.launcher.history import History
-from kcover.launcher.inject import Injection
+from kcover.launcher.inject import Injector
 from kcover.launcher.reporting import AttemptRecord, ConsoleReporter, Reporter, RunResult
+from kcover.launcher.result import AttemptOutcome, AttemptResult
 from kcover.launcher.spec import RunSpec, validate
 from kcover.launcher.workers import LaunchError, become_subreaper, start_guardian
 
@@ -43,8 +46,10 @@ class Supervisor:
         self.reporter = reporter or ConsoleReporter()
         self.matcher = matcher or default_matcher()
         self.stop_signal: int | None = None
-        self.fired: set[tuple[Injection, int]] = set()
+        self.injector = Injector(spec.injections)
         self.history_failed = False
+        self.in_flight: AttemptRecord | None = None
+        """The attempt under way, until its record joins the run's (reported as it is should kcover fail)."""
 
     def run(self) -> RunResult:
         claimed = statedir.claim(self.spec.state_dir)  # a second run on this state dir: usage error, nothing started
@@ -70,8 +75,8 @@ class Supervisor:
     def _supervise(self, history: History, run_dir: Path) -> RunResult:
         spec = self.spec
         began = time.monotonic()
-        result = RunResult(status="running", started=began, ended=began, state_dir=str(spec.state_dir.resolve()),
-                           run_dir=str(run_dir.resolve()))
+        result = RunResult(status=JobPhase.RUNNING, started=began, ended=began,
+                           state_dir=str(spec.state_dir.resolve()), run_dir=str(run_dir.resolve()))
         run_id = self._record(history.begin_run, spec.command, time.time()) or 0
         nodes, spares = spec.node_names()
         state = RecoveryState(spares=spares)
@@ -79,61 +84,71 @@ class Supervisor:
         guardian = start_guardian()
         try:
             while not life.finished:
-                record = AttemptRecord(len(result.attempts) + 1, nodes, time.monotonic())
-                result.attempts.append(record)
-                self._record(history.begin_attempt, run_id, record.number, nodes, time.time())
-                if life.phase is JobPhase.BACKOFF:
-                    life.move(JobPhase.STARTING, time.monotonic())
-                attempt = Attempt(spec, record, state.restarts, self.matcher, self.reporter, self.fired, run_dir)
-                life.move(JobPhase.RUNNING, time.monotonic())
-                attempt.run(lambda: self.stop_signal is not None)
-                state, nodes = self._conclude(record, attempt.hung_at, state, life, result)
-                assert record.verdict is not None
-                self._record(history.end_attempt, run_id, record.number, time.time(), record.outcome,
-                             record.verdict, record.decision, record.reason)
+                plan = AttemptPlan(len(result.attempts) + 1, nodes, time.monotonic(), state.restarts)
+                state, nodes = self._attempt(plan, history, run_id, state, life, result, run_dir)
         except LaunchError:
             raise
         except Exception as exc:  # a bug in kcover: the attempt stopped its workers; still record and report
-            result.status, result.reason = "failed", f"kcover itself failed: {type(exc).__name__}: {exc}"
+            result.status, result.reason = JobPhase.FAILED, f"kcover itself failed: {type(exc).__name__}: {exc}"
             self._report_crash(run_dir, result.reason)
         finally:
+            if self.in_flight is not None:
+                result.attempts.append(self.in_flight)
+                self.in_flight = None
             result.ended = time.monotonic()
             result.excluded = state.excluded
-            if result.status == "running":
-                result.status, result.reason = "failed", "kcover itself failed"
+            if result.status is JobPhase.RUNNING:
+                result.status, result.reason = JobPhase.FAILED, "kcover itself failed"
             self._record(history.end_run, run_id, time.time(), result.status, result.restarts, result.ettr,
                          result.root, result.reason)
             guardian.release()
         return result
 
-    def _conclude(self, record: AttemptRecord, hung_at: int | None, state: RecoveryState, life: Lifecycle,
-                  result: RunResult) -> tuple[RecoveryState, tuple[str, ...]]:
-        """Move the lifecycle on from an attempt's outcome; returns the new state and the next nodes."""
+    def _attempt(self, plan: AttemptPlan, history: History, run_id: int, state: RecoveryState, life: Lifecycle,
+                 result: RunResult, run_dir: Path) -> tuple[RecoveryState, tuple[str, ...]]:
+        """Run one attempt, decide what follows, record it; returns the new state and the next nodes."""
+        self.in_flight = AttemptRecord(plan.number, plan.nodes, plan.started)
+        self._record(history.begin_attempt, run_id, plan.number, plan.nodes, time.time())
+        if life.phase is JobPhase.BACKOFF:
+            life.move(JobPhase.STARTING, time.monotonic())
+        attempt = Attempt(self.spec, plan, self.matcher, self.reporter, self.injector, run_dir)
+        life.move(JobPhase.RUNNING, time.monotonic())
+        ended = attempt.run(lambda: self.stop_signal is not None)
+        self.in_flight = AttemptRecord(plan.number, plan.nodes, plan.started, ended)
+        decision, reason, state, nodes = self._conclude(plan, ended, state, life, result)
+        record = AttemptRecord(plan.number, plan.nodes, plan.started, ended, decision, reason)
+        result.attempts.append(record)
+        self.in_flight = None
+        self._record(history.end_attempt, run_id, plan.number, time.time(), ended.outcome.value, ended.verdict,
+                     decision, reason)
+        return state, nodes
+
+    def _conclude(self, plan: AttemptPlan, ended: AttemptResult, state: RecoveryState, life: Lifecycle,
+                  result: RunResult) -> tuple[str, str, RecoveryState, tuple[str, ...]]:
+        """Move the lifecycle on from an attempt's end; returns the decision, its reason, the new state, next nodes."""
         now = time.monotonic()
-        assert record.verdict is not None
-        if record.outcome == "succeeded":
+        if ended.outcome is AttemptOutcome.SUCCEEDED:
             life.move(JobPhase.SUCCEEDED, now)
-            result.status, result.reason, record.decision = "succeeded", "all workers exited 0", "done"
-            return state, record.nodes
+            result.status, result.reason = JobPhase.SUCCEEDED, "all workers exited 0"
+            return "done", "", state, plan.nodes
         life.move(JobPhase.STOPPING, now)
-        if record.outcome == "interrupted":
+        if ended.outcome is AttemptOutcome.INTERRUPTED:
             life.move(JobPhase.INTERRUPTED, now)
             name = signal.Signals(self.stop_signal or signal.SIGINT).name
-            result.status, result.reason, record.decision = "interrupted", f"kcover received {name}", "interrupted"
-            return state, record.nodes
-        self.reporter.event("verdict", _verdict_line(record))
-        decision, state = decide(self.spec.policy, state, AttemptEnd(record.verdict, record.nodes, hung_at))
-        record.decision, record.reason = decision.kind.value, decision.reason
+            result.status, result.reason = JobPhase.INTERRUPTED, f"kcover received {name}"
+            return "interrupted", "", state, plan.nodes
+        self.reporter.event("verdict", _verdict_line(ended.verdict))
+        decision, state = decide(self.spec.policy, state, AttemptEnd(ended.verdict, plan.nodes, ended.hung_at))
         self.reporter.event("decision", decision.reason)
         if decision.kind is DecisionKind.FAIL:
             life.move(JobPhase.FAILED, time.monotonic())
-            result.status, result.reason = "failed", decision.reason
-            return state, record.nodes
+            result.status, result.reason = JobPhase.FAILED, decision.reason
+            return decision.kind.value, decision.reason, state, plan.nodes
         life.move(JobPhase.BACKOFF, time.monotonic())
         if not self._sleep(decision.delay):
             life.move(JobPhase.INTERRUPTED, time.monotonic())
-            result.status, result.reason = "interrupted", "interrupted during backoff"
-        return state, decision.nodes
+            result.status, result.reason = JobPhase.INTERRUPTED, "interrupted during backoff"
+        return decision.kind.value, decision.reason, state, decision.nodes
 
     def _report_crash(self, run_dir: Path, reason: str) -> None:
         """Say why kcover failed; the traceback goes to ``<run dir>/kcover-error.txt`` for a bug report."""
@@ -167,9 +182,8 @@ class Supervisor:
         return self.stop_signal is None
 
 
-def _verdict_line(record: AttemptRecord) -> str:
-    verdict = record.verdict
-    if verdict is None or verdict.root is None:
+def _verdict_line(verdict: Verdict) -> str:
+    if verdict.root is None:
         return "no fault recognised"
     blamed = f"; blamed {', '.join(verdict.nodes)}" if verdict.nodes else ""
     return f"{verdict.root.category.value}: {verdict.reason} → {verdict.action.value}{blamed}"

@@ -28,8 +28,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self, TypeVar
 
+from kcover.ports import free_port
 from kcover.testing import pki
-from kcover.testing._process import Component, free_port, tail
+from kcover.testing._process import Component, tail
 from kcover.testing._rest import JSON, ApiError, RestClient
 from kcover.testing.binaries import Binaries, find_binaries, hack_dir
 

@@ -5,8 +5,8 @@ Each control-plane program (etcd, kube-apiserver, ...) runs as one
 terminal reaches only the Python parent, which then stops the children in
 order), its stdout and stderr in one log file, and on Linux a parent-death
 signal so that a killed parent does not leave orphans behind. ``stop`` escalates
-SIGTERM -> wait -> SIGKILL. ``free_port`` picks a free loopback port; callers
-retry on another port when a program reports the address is taken.
+SIGTERM -> wait -> SIGKILL. Ports come from :func:`kcover.ports.free_port`;
+callers retry on another port when a program reports the address is taken.
 """
 
 from __future__ import annotations
@@ -14,23 +14,14 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-__all__ = ["Component", "ComponentDiedError", "free_port", "tail"]
+__all__ = ["Component", "ComponentDiedError", "tail"]
 
 _PR_SET_PDEATHSIG = 1
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def tail(path: Path, lines: int = 30) -> str:

@@ -120,7 +120,7 @@ def _write_certs(folder: Path, pair: pki.KeyPair) -> None:
 
 
 def _start_jobset(cluster: ClusterCore) -> None:
-    from kcover.testing._process import free_port
+    from kcover.ports import free_port
 
     bins = cluster.binaries
     crds, manifest = _data_files(cluster, "jobset")
@@ -168,7 +168,7 @@ def _start_jobset(cluster: ClusterCore) -> None:
 
 
 def _start_training_operator(cluster: ClusterCore) -> None:
-    from kcover.testing._process import free_port
+    from kcover.ports import free_port
 
     bins = cluster.binaries
     crds, manifest = _data_files(cluster, "training-operator")

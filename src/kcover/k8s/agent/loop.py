@@ -20,16 +20,15 @@ from pathlib import Path
 
 from kubernetes import client
 
-from kcover.classify.collector import FaultCollector, SourceInfo
-from kcover.classify.matcher import Matcher
+from kcover.classify.collector import FaultCollector
+from kcover.classify.matcher import Matcher, default_matcher
 from kcover.collect.lines import clean_block
-from kcover.explain import default_matcher
+from kcover.collect.sources import SourceInfo
 from kcover.faults import NO_PROGRESS_RULE, Evidence
 from kcover.k8s.agent.pods import PodDirectory, PodInfo
 from kcover.k8s.agent.report import KubeReporter
 from kcover.k8s.agent.tail import KernelLog, Tailer, find_container_logs
-from kcover.launcher.hang import HangDetector
-from kcover.launcher.output import last_step
+from kcover.steps import HangDetector, last_step
 
 POLL_SECONDS = 0.2
 SWEEP_SECONDS = 60.0

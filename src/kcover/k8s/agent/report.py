@@ -13,13 +13,13 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
-import re
 import time
 from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from kcover.collect.lines import line_shape
 from kcover.faults import Fault, Severity
 from kcover.health.quarantine.kube import KubeQuarantine
 from kcover.k8s import wire
@@ -28,11 +28,6 @@ from kcover.k8s.names import POD_FAULTS
 from kcover.timestamps import rfc3339
 
 WRITE_INTERVAL = 1.0
-_DIGITS = re.compile(r"\d+")
-
-
-def _shape(line: str) -> str:
-    return _DIGITS.sub("#", line[:200])
 
 
 def _now() -> dt.datetime:
@@ -60,17 +55,17 @@ class PodRecord:
 
     def known(self, fault: Fault) -> bool:
         """True when an earlier agent already reported this fault (same source, rule and line shape)."""
-        shape = _shape(fault.evidence.line)
+        shape = line_shape(fault.evidence.line)
         return any(r.get("source") == fault.evidence.source and r.get("rule") == fault.rule
-                   and _shape(str(r.get("line", ""))) == shape for r in self.earlier)
+                   and line_shape(str(r.get("line", ""))) == shape for r in self.earlier)
 
     def records(self) -> list[dict[str, Any]]:
         """Earlier records (counts carried on) followed by this agent's new ones."""
         merged = [dict(r) for r in self.earlier]
-        index = {(r.get("source"), r.get("rule"), _shape(str(r.get("line", "")))): r for r in merged}
+        index = {(r.get("source"), r.get("rule"), line_shape(str(r.get("line", "")))): r for r in merged}
         for fault in self.faults.values():
             fresh = wire.fault_record(fault)
-            match = index.get((fresh["source"], fresh["rule"], _shape(fresh["line"])))
+            match = index.get((fresh["source"], fresh["rule"], line_shape(fresh["line"])))
             if match is None:
                 merged.append(fresh)
             else:

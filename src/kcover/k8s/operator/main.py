@@ -23,7 +23,7 @@ from typing import Any
 import kopf
 from kubernetes import client
 
-from kcover.explain import default_matcher
+from kcover.classify.matcher import default_matcher
 from kcover.health.quarantine.kube import KubeQuarantine
 from kcover.k8s.kinds import KINDS
 from kcover.k8s.operator.actuate import Actuator
