@@ -13,16 +13,21 @@ from kcover.classify.rules import Rule
 _CLASS_ESCAPES = {"d": "[0-9]", "D": "[^0-9]"}
 
 
-def _skip_group(pattern: str, start: int) -> int:
-    """Index just past the group that opens at ``start`` (balanced parentheses)."""
+def skip_group(pattern: str, start: int) -> int:
+    """Index just past the group that opens at ``start`` (balanced parentheses, escapes and classes skipped)."""
     depth = 0
     index = start
+    in_class = False
     while index < len(pattern):
         char = pattern[index]
         if char == "\\":
             index += 2
             continue
-        if char == "(":
+        if in_class:
+            in_class = char != "]"
+        elif char == "[":
+            in_class = True
+        elif char == "(":
             depth += 1
         elif char == ")":
             depth -= 1
@@ -48,6 +53,8 @@ def to_ere(pattern: str, ignore_case: bool) -> str:
                 out.append(nxt)
             elif nxt == "s" and in_class:
                 out.append("[:space:]")
+            elif nxt == "w" and in_class:
+                out.append("[:alnum:]_")
             elif nxt.isalpha() and ignore_case and nxt not in "bBsSwW" and not in_class:
                 out.append(f"\\{nxt}")
             else:
@@ -59,7 +66,7 @@ def to_ere(pattern: str, ignore_case: bool) -> str:
             index += 3
             continue
         if not in_class and pattern.startswith(("(?!", "(?<!", "(?<=", "(?="), index):
-            index = _skip_group(pattern, index)
+            index = skip_group(pattern, index)
             continue
         if char == "[" and not in_class:
             in_class = True

@@ -27,6 +27,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.ere import skip_group
 from kcover.classify.rules import Rule
 
 _LOOKAROUND = ("(?!", "(?<!", "(?<=", "(?=")
@@ -42,30 +43,6 @@ class Translated:
 
     patterns: list[str]
     lookaround_dropped: int
-
-
-def _skip_group(pattern: str, start: int) -> int:
-    """Index just past the group that opens at ``start`` (balanced parentheses, escapes and classes skipped)."""
-    depth = 0
-    index = start
-    in_class = False
-    while index < len(pattern):
-        char = pattern[index]
-        if char == "\\":
-            index += 2
-            continue
-        if in_class:
-            in_class = char != "]"
-        elif char == "[":
-            in_class = True
-        elif char == "(":
-            depth += 1
-        elif char == ")":
-            depth -= 1
-            if depth == 0:
-                return index + 1
-        index += 1
-    return index
 
 
 def _escape(pattern: str, index: int, in_class: bool) -> tuple[str, int]:
@@ -100,7 +77,7 @@ def to_rust(pattern: str) -> tuple[str, bool]:
             index += 1
             continue
         if pattern.startswith(_LOOKAROUND, index):
-            index = _skip_group(pattern, index)
+            index = skip_group(pattern, index)
             dropped = True
             continue
         if char == "[":
