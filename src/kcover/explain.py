@@ -31,9 +31,10 @@ def scan_stream(
     """Scan a byte stream to its end into ``collector``; returns the number of lines read."""
     lines = 0
     for block in read_blocks(stream):
-        for hit in matcher.scan_block(block, lines + 1):
+        hits, breaks = matcher.scan_counted(block, lines + 1)
+        for hit in hits:
             collector.add_hit(source, hit)
-        lines += block.count(b"\n")
+        lines += breaks
         collector.keep_tail(source, block, lines)
     return lines
 

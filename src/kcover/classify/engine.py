@@ -24,13 +24,12 @@ block decoded as text (``surrogateescape``, so offsets map back to bytes).
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
+from kcover.classify.diskcache import read_cached, write_cached
 from kcover.classify.literals import required_literals
 from kcover.classify.rules import Rule
 
@@ -139,11 +138,6 @@ def _compiles_alone(entry: PatternEntry) -> bool:
     return True
 
 
-def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "kcover"
-
-
 def _load_or_compile(expressions: list[bytes], flags: list[int], ids: list[int]) -> Any:
     """A block-mode database for these patterns, from the on-disk cache when it is there.
 
@@ -156,22 +150,18 @@ def _load_or_compile(expressions: list[bytes], flags: list[int], ids: list[int])
     digest = hashlib.sha256(
         repr((expressions, flags, ids, getattr(hyperscan, "__version__", ""))).encode()
     ).hexdigest()[:24]
-    cached = _cache_dir() / f"hyperscan-{digest}.db"
-    try:
-        database = hyperscan.loadb(cached.read_bytes(), hyperscan.HS_MODE_BLOCK)
-        database.scratch = hyperscan.Scratch(database)
-        return database
-    except Exception:
-        pass
+    name = f"hyperscan-{digest}.db"
+    serialized = read_cached(name)
+    if serialized is not None:
+        try:
+            database = hyperscan.loadb(serialized, hyperscan.HS_MODE_BLOCK)
+            database.scratch = hyperscan.Scratch(database)
+            return database
+        except Exception:  # hyperscan.error: a damaged file is compiled again
+            pass
     database = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
     database.compile(expressions=expressions, ids=ids, elements=len(expressions), flags=flags)
-    try:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        partial = cached.with_suffix(f".{os.getpid()}.tmp")
-        partial.write_bytes(hyperscan.dumpb(database))
-        partial.replace(cached)
-    except OSError:
-        pass
+    write_cached(name, hyperscan.dumpb(database))
     return database
 
 
@@ -197,6 +187,7 @@ class LiteralEngine:
                 flags = re.MULTILINE | (re.IGNORECASE if entry.ignore_case else 0)
                 self._text.append((re.compile(entry.unanchored, flags), entry.rule))
         self._residual = re.compile(b"|".join(residual), re.MULTILINE) if residual else None
+        self._literals = _without_redundant(self._literals)
         # Literals are lower-cased; without an ASCII letter among them (a localized message left
         # to this engine by Hyperscan) lower-casing the block would change nothing they can match.
         self._fold = any(literal != literal.upper() for literal in self._literals)
@@ -217,6 +208,20 @@ class LiteralEngine:
             hits.extend(_text_candidates(self._text, block))
         hits.sort()
         return hits
+
+
+def _without_redundant(literals: dict[bytes, set[int]]) -> dict[bytes, set[int]]:
+    """The literals less those that end with another literal of at least the same rules.
+
+    Wherever such a literal occurs, the shorter one ends at the same offset for
+    the same rules, so searching the block for it again (a whole pass over a
+    megabyte) would only repeat hits already found.
+    """
+    return {
+        literal: rules
+        for literal, rules in literals.items()
+        if not any(rules <= literals.get(literal[cut:], set()) for cut in range(1, len(literal)))
+    }
 
 
 def _bytes_alternative(entry: PatternEntry) -> bytes | None:

@@ -5,8 +5,10 @@ every job, including hostile ones (a 1 MiB run of digits, of spaces, of the
 pattern's own words), so one badly shaped pattern can stall ``kcover run``'s
 output pump or blind the node agent for hours.  :func:`regex_problem` reads the
 parsed pattern (``re._parser``, as :mod:`kcover.classify.literals` does) and
-says why a pattern is refused, or ``None``.  It is run on every catalog load,
-shipped and user files alike, for ``patterns`` and ``unless`` patterns.
+says why a pattern is refused, or ``None``.  It is run on every catalog text
+not checked before, shipped and user files alike, for ``patterns`` and
+``unless`` patterns (a text that passed is remembered, keyed by a digest of
+the text and of this module: :mod:`kcover.classify.rules`).
 
 The shapes refused, and why each is enough:
 

@@ -132,9 +132,18 @@ class Matcher:
 
     def scan_block(self, block: bytes, first_line: int) -> Iterator[Hit]:
         """Hits in one cleaned block whose first line has number ``first_line``."""
+        yield from self.scan_counted(block, first_line)[0]
+
+    def scan_counted(self, block: bytes, first_line: int) -> tuple[list[Hit], int]:
+        """The hits of :meth:`scan_block`, and the number of line breaks in ``block``.
+
+        Numbering the hits counts the line breaks up to the last of them; the
+        rest of the block is counted from there, so each byte is counted once.
+        """
+        found: list[Hit] = []
         offsets = self.engine.candidates(block)
         if not offsets:
-            return
+            return found, block.count(b"\n")
         line_number = first_line
         counted_to = 0
         lines: dict[int, list[tuple[int, int]]] = {}
@@ -148,9 +157,10 @@ class Matcher:
             raw = block[start:] if stop < 0 else block[start:stop]
             if _is_traceback_code(block, start, raw):
                 continue
-            found = self._classify_raw(raw, hits)
-            if found is not None:
-                yield Hit(line_number=line_number, line=found[1], rule=found[0])
+            classified = self._classify_raw(raw, hits)
+            if classified is not None:
+                found.append(Hit(line_number=line_number, line=classified[1], rule=classified[0]))
+        return found, line_number - first_line + block.count(b"\n", counted_to)
 
     def _classify_raw(self, raw: bytes, hits: list[tuple[int, int]]) -> tuple[Rule, LogLine] | None:
         """The winner of one raw line given the engine's hits in it, with the line as kept."""

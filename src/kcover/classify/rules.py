@@ -16,26 +16,37 @@ when it is a regular file of at most :data:`MAX_CATALOG_BYTES`, YAML aliases
 linear-time check of :mod:`kcover.classify.lint` (no pattern that can match the
 empty string or backtrack without bound).  Called by
 :mod:`kcover.classify.matcher` and by the ``--catalog`` option.
+
+Those checks are most of kcover's start-up time, and their outcome depends
+only on the file's text and on kcover's code, so a file that passed them is
+remembered (:mod:`kcover.classify.diskcache`, keyed by a digest of both) and
+the next load only rebuilds its rules.  A rule's regexes are compiled the first
+time the rule is tried on a line (:class:`LazyRegexes`): a scan compiles only
+the rules its log makes it try.
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
+import json
 import os
 import re
 import stat
-from collections.abc import Iterable, Sequence
+import sys
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from kcover.classify.lint import regex_problem
+from kcover.classify.diskcache import read_cached, write_cached
 from kcover.faults import Action, Category, Role, Severity
 
-_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 MAX_CATALOG_BYTES = 4 << 20
 """Largest catalog file read (the shipped files are about 20 KB each)."""
 
@@ -69,7 +80,9 @@ class RuleSpec(BaseModel):
 
     @field_validator("patterns", "unless")
     @classmethod
-    def _regexes_compile(cls, value: list[str]) -> list[str]:
+    def _regexes_compile(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        if info.context is _CHECKED:
+            return value
         for pattern in value:
             try:
                 re.compile(pattern)
@@ -78,14 +91,64 @@ class RuleSpec(BaseModel):
         return value
 
 
+_CHECKED: dict[str, bool] = {"checked": True}
+"""Validation context of a rule read back from the cache: its patterns already compiled and passed the lint."""
+
+
+class LazyRegexes(Sequence["re.Pattern[str]"]):
+    """A rule's patterns, compiled together the first time any of them is used.
+
+    Compares and hashes like the tuple of compiled patterns it stands for.
+    """
+
+    __slots__ = ("_compiled", "_flags", "_patterns")
+
+    def __init__(self, patterns: Sequence[str], flags: int = 0) -> None:
+        self._patterns = tuple(patterns)
+        self._flags = flags
+        self._compiled: tuple[re.Pattern[str], ...] | None = None
+
+    def compiled(self) -> tuple[re.Pattern[str], ...]:
+        """The compiled patterns (compiled now if this is the first use)."""
+        if self._compiled is None:
+            self._compiled = tuple(re.compile(pattern, self._flags) for pattern in self._patterns)
+        return self._compiled
+
+    @overload
+    def __getitem__(self, index: int) -> re.Pattern[str]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[re.Pattern[str], ...]: ...
+
+    def __getitem__(self, index: int | slice) -> re.Pattern[str] | tuple[re.Pattern[str], ...]:
+        return self.compiled()[index]
+
+    def __len__(self) -> int:
+        return len(self._patterns)
+
+    def __iter__(self) -> Iterator[re.Pattern[str]]:
+        return iter(self.compiled())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, LazyRegexes):
+            other = other.compiled()
+        return isinstance(other, tuple) and self.compiled() == other
+
+    def __hash__(self) -> int:
+        return hash(self.compiled())
+
+    def __repr__(self) -> str:
+        return f"LazyRegexes({self._patterns!r}, {self._flags!r})"
+
+
 @dataclass(frozen=True)
 class Rule:
     """A validated rule, ready to match; ``source`` is the file it came from."""
 
     spec: RuleSpec
     source: str
-    regexes: tuple[re.Pattern[str], ...]
-    unless: tuple[re.Pattern[str], ...]
+    regexes: Sequence[re.Pattern[str]]
+    unless: Sequence[re.Pattern[str]]
 
     @property
     def id(self) -> str:
@@ -127,8 +190,8 @@ def _build(spec: RuleSpec, source: str) -> Rule:
     return Rule(
         spec=spec,
         source=source,
-        regexes=tuple(re.compile(p, flags) for p in spec.patterns),
-        unless=tuple(re.compile(p, flags) for p in spec.unless),
+        regexes=LazyRegexes(spec.patterns, flags),
+        unless=LazyRegexes(spec.unless, flags),
     )
 
 
@@ -147,6 +210,8 @@ def _describe(error: ValidationError, source: str, rule_id: str) -> str:
 
 def _check_regexes(spec: RuleSpec, source: str) -> None:
     """Refuse a pattern that could take super-linear time or match the empty string."""
+    from kcover.classify.lint import regex_problem  # only when a catalog is checked, not read from the cache
+
     for field in ("patterns", "unless"):
         for pattern in getattr(spec, field):
             problem = regex_problem(pattern, spec.ignore_case)
@@ -156,10 +221,19 @@ def _check_regexes(spec: RuleSpec, source: str) -> None:
                 )
 
 
+def _loader() -> Any:
+    """PyYAML's safe loader (in C when built), imported only when a catalog has to be read."""
+    import yaml
+
+    return getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def _refuse_aliases(text: str, source: str) -> None:
     """Refuse YAML aliases: ``*a`` repeated in nested lists expands to gigabytes."""
+    import yaml
+
     try:
-        for event in yaml.parse(text, Loader=_LOADER):
+        for event in yaml.parse(text, Loader=_loader()):
             if isinstance(event, yaml.AliasEvent):
                 line = event.start_mark.line + 1 if event.start_mark else "?"
                 raise CatalogError(f"{source}: line {line}: YAML aliases (*name) are not allowed in a catalog")
@@ -172,10 +246,57 @@ def _one_line(error: Exception) -> str:
 
 
 def parse_catalog(text: str, source: str) -> list[Rule]:
-    """Parse one catalog file's text; raise :class:`CatalogError` naming what is wrong."""
+    """Parse one catalog file's text; raise :class:`CatalogError` naming what is wrong.
+
+    A text that passed every check before is rebuilt from the cache without
+    checking it again; a text that fails is never cached, so its error is
+    raised afresh each time.
+    """
+    name = f"catalog-{_catalog_digest(text)}.json"
+    specs = _cached_specs(name)
+    if specs is None:
+        specs = _checked_specs(text, source)
+        write_cached(name, json.dumps([spec.model_dump(mode="json") for spec in specs]).encode())
+    return [_build(spec, source) for spec in specs]
+
+
+@cache
+def _code_digest() -> str:
+    """A digest of everything besides the text that decides whether a catalog passes, and what it holds."""
+    here = Path(__file__).parent
+    digest = hashlib.sha256()
+    modules = [Path(__file__), here / "lint.py", here.parent / "faults.py"]
+    yaml = importlib.util.find_spec("yaml")  # its __init__ names its version: found, not imported
+    if yaml is not None and yaml.origin is not None:
+        modules.append(Path(yaml.origin))
+    for module in modules:
+        digest.update(module.read_bytes())
+    digest.update(f"{sys.version}|{pydantic.VERSION}".encode())
+    return digest.hexdigest()
+
+
+def _catalog_digest(text: str) -> str:
+    return hashlib.sha256(f"{_code_digest()}\n{text}".encode("utf-8", errors="surrogatepass")).hexdigest()[:32]
+
+
+def _cached_specs(name: str) -> list[RuleSpec] | None:
+    """The rules of a catalog text that passed before, or None when the cache has none (or a damaged file)."""
+    data = read_cached(name)
+    if data is None:
+        return None
+    try:
+        return [RuleSpec.model_validate(item, context=_CHECKED) for item in json.loads(data)]
+    except (ValueError, TypeError):  # bad JSON or a rule that no longer validates: check the text again
+        return None
+
+
+def _checked_specs(text: str, source: str) -> list[RuleSpec]:
+    """Every rule of one catalog text, through every check."""
+    import yaml
+
     _refuse_aliases(text, source)
     try:
-        document = yaml.load(text, Loader=_LOADER)
+        document = yaml.load(text, Loader=_loader())
     except yaml.YAMLError as exc:
         raise CatalogError(f"{source}: not valid YAML: {_one_line(exc)}") from None
     if not isinstance(document, dict) or not isinstance(document.get("rules"), list):
@@ -183,7 +304,7 @@ def parse_catalog(text: str, source: str) -> list[Rule]:
     defaults = document.get("defaults") or {}
     if not isinstance(defaults, dict):
         raise CatalogError(f"{source}: 'defaults' must be a mapping")
-    rules = []
+    rules: list[RuleSpec] = []
     for index, raw in enumerate(document["rules"]):
         if not isinstance(raw, dict):
             raise CatalogError(f"{source}: rule #{index + 1}: expected a mapping")
@@ -199,7 +320,7 @@ def parse_catalog(text: str, source: str) -> list[Rule]:
                 "a rule needs patterns, exit_codes or reasons"
             )
         _check_regexes(spec, source)
-        rules.append(_build(spec, source))
+        rules.append(spec)
     return rules
 
 

@@ -19,7 +19,6 @@ import typer
 from kcover.classify.attribution import attribute
 from kcover.classify.collector import FaultCollector
 from kcover.classify.matcher import Matcher, default_matcher
-from kcover.cli.render import print_verdict
 from kcover.cli.usage import UsageError
 from kcover.collect.printable import json_text, printable
 from kcover.collect.sources import SourceInfo
@@ -51,6 +50,8 @@ def explain(
     if as_json:
         typer.echo(json_text(explain_document(verdict, matcher.engine.name)))
     else:
+        from kcover.cli.render import print_verdict  # rich, only for the table: --json starts faster
+
         print_verdict(verdict)
     raise typer.Exit(ExitCode.FAILED if verdict.root and verdict.root.is_fatal else ExitCode.SUCCESS)
 

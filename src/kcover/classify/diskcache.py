@@ -1,0 +1,44 @@
+"""kcover's on-disk cache of work that depends only on its inputs: compiled catalogs.
+
+Loading the catalog means validating some 500 regular expressions (compiling
+each, proving each linear-time) and compiling them into a Hyperscan database;
+together that is most of the start-up time of ``kcover explain``.  The
+results depend only on the catalog text and on kcover's own code, so they are
+kept under ``$XDG_CACHE_HOME/kcover`` (``~/.cache/kcover``) in files named by
+a digest of everything they depend on: a changed input simply finds no file.
+A missing, damaged or unwritable cache only costs the work it would have
+saved; nothing is ever read from it that its key does not name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+
+def cache_dir() -> Path:
+    """Where kcover keeps its cached files."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "kcover"
+
+
+def read_cached(name: str) -> bytes | None:
+    """The bytes cached as ``name``, or None when there are none (or they cannot be read)."""
+    try:
+        return (cache_dir() / name).read_bytes()
+    except OSError:
+        return None
+
+
+def write_cached(name: str, data: bytes) -> None:
+    """Cache ``data`` as ``name``, atomically (a reader never sees half a file); errors are ignored."""
+    target = cache_dir() / name
+    partial = target.with_suffix(f".{os.getpid()}.tmp")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_bytes(data)
+        partial.replace(target)
+    except OSError:
+        with contextlib.suppress(OSError):
+            partial.unlink(missing_ok=True)  # a full disk leaves no half-written file behind
