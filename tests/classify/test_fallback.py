@@ -17,7 +17,7 @@ import pytest
 from kcover import Action, Category, explain, explain_paths
 from kcover.classify.fallback import TAIL_BYTES, Kind, Tail, TailKeeper, failure_line
 from kcover.decide.policy import AttemptEnd, DecisionKind, RecoveryPolicy, RecoveryState, decide
-from kcover.faults import UNRECOGNISED_FAILURE_RULE
+from kcover.faults import UNRECOGNISED_FAILURE_RULE, Severity
 
 TRACEBACK = (
     "Traceback (most recent call last):\n"
@@ -214,15 +214,11 @@ def test_a_rule_that_explains_the_end_is_never_overridden(text: str, category: C
 
 
 def test_a_degraded_sign_is_kept_not_overridden() -> None:
-    plain = explain(STEPS)
-    assert plain.root is None
-    degraded = next(
-        (text for text in ("NCCL WARN NET/IB : Got async event : port error\n",) if explain(text).root is not None),
-        None,
-    )
-    if degraded is None:
-        pytest.skip("no degraded rule in this catalog matches the sample line")
-    verdict = explain(degraded + TRACEBACK + "Exception: boom\n")
+    degraded = "NVRM: Xid (PCI:0000:3b:00): 92, High single-bit ECC error rate\n"
+    assert explain(degraded).root is not None
+    assert explain(degraded).root.severity is Severity.DEGRADED
+    verdict = explain(STEPS + degraded + TRACEBACK + "Exception: boom\n")
+    assert verdict.rule == "xid.92.high-sbe-rate"
     assert verdict.rule != UNRECOGNISED_FAILURE_RULE
 
 

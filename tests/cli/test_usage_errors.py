@@ -113,3 +113,9 @@ def test_json_after_the_double_dash_belongs_to_the_training_command(tmp_path: Pa
     done = kcover("run", "--hang-timeout", "0", "--", "trainer", "--json")
     assert_usage_error(done, "--hang-timeout")
     assert done.stdout == ""
+
+
+def test_preflight_never_runs_for_a_command_that_does_not_exist(tmp_path: Path) -> None:
+    done = kcover("run", "--preflight", "--state-dir", str(tmp_path / "state"), "--", str(tmp_path / "nope"))
+    assert_usage_error(done, "command not found")
+    assert not (tmp_path / "state" / "checkpoints").exists()  # before: the health checks ran first

@@ -145,3 +145,20 @@ def test_a_reused_pid_does_not_pass_for_the_launcher(tmp_path: Path) -> None:
     stored = writer.db.execute("SELECT status FROM runs ORDER BY id").fetchall()
     assert [status for (status,) in stored] == [case[3] for case in cases]
     writer.close()
+
+
+def test_markup_and_escapes_in_commands_and_lines_are_shown_as_text(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    done = kcover("run", "--quiet", "--user-code-retries", "0", "--state-dir", str(state), "--",
+                  sys.executable, str(WORKERS / "markup.py"), "[/]", "\x1b[2J")
+    assert done.returncode == 1, done.stderr[-2000:]
+    wide = {**os.environ, "COLUMNS": "400"}
+    runs, faults = (subprocess.run([sys.executable, "-m", "kcover", "history", "--state-dir", str(state), *more],
+                                   capture_output=True, text=True, check=False, timeout=120, env=wide)
+                    for more in ([], ["--run", "1"]))
+    for shown in (runs, faults):
+        assert shown.returncode == 0, shown.stderr[-2000:]  # before: rich.errors.MarkupError, a traceback
+        assert "Traceback" not in shown.stderr
+        assert "\x1b" not in shown.stdout
+    assert "[/]" in runs.stdout and "\\x1b[2J" in runs.stdout
+    assert "[/red] labels" in faults.stdout

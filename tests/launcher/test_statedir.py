@@ -129,6 +129,13 @@ def test_sequential_runs_get_their_own_folders_and_exact_evidence(tmp_path: Path
     assert {Path(source).parent.parent for (source,) in stored if source.endswith(".log")} == set(run_dirs)
 
 
+def test_a_crlf_split_across_two_reads_keeps_evidence_line_numbers_exact(tmp_path: Path) -> None:
+    _, document, stderr = run(tmp_path / "state", "split_crlf.py", "--user-code-retries", "0")
+    evidence = next(f["evidence"] for f in document["faults"] if f["category"] == "user_code")
+    assert evidence["line_number"] == 4, stderr[-2000:]  # before: 7, each split \r\n counted twice
+    assert Path(evidence["source"]).read_bytes().split(b"\n")[3].startswith(b"KeyError")
+
+
 @pytest.mark.parametrize("blocker", ["fifo", "symlink", "folder"])
 def test_a_lock_file_that_is_not_a_file_is_a_usage_error(tmp_path: Path, blocker: str) -> None:
     state = tmp_path / "state"

@@ -9,6 +9,7 @@ while real workers run.  The run must end ``failed`` with the reason, its
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -59,3 +60,17 @@ def test_an_exception_in_the_loop_stops_the_workers_and_still_gives_a_result(
     assert result.exit_code == 1
     assert json.loads(json.dumps(run_document(result)))["status"] == "failed"
     assert live_workers() == []
+
+
+def test_workers_that_cannot_start_again_end_the_run_failed_not_as_a_usage_error(tmp_path: Path) -> None:
+    program = tmp_path / "train.sh"
+    program.write_text('#!/bin/sh\nrm -f "$0"\necho "NCCL error: unhandled system error" >&2\nexit 1\n')
+    program.chmod(0o755)
+    done = subprocess.run([sys.executable, "-m", "kcover", "run", "--json", "--quiet", "--backoff", "0",
+                           "--state-dir", str(tmp_path / "state"), "--", str(program)],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 1, done.stderr[-2000:]  # before: 2, a usage error, no document
+    document = json.loads(done.stdout)
+    assert document["status"] == "failed"
+    assert "cannot start the workers again" in document["reason"]
+    assert len(document["attempts"]) == 2

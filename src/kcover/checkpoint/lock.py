@@ -31,6 +31,7 @@ from pathlib import Path
 
 from kcover.checkpoint.errors import CheckpointInUseError
 from kcover.checkpoint.files import open_regular
+from kcover.lockfile import read_holder, write_holder
 
 log = logging.getLogger("kcover.checkpoint")
 ACQUIRE_SECONDS = 3.0
@@ -82,7 +83,7 @@ class WriterLock:
                 if time.monotonic() < deadline:  # perhaps a reader removing a dead writer's leftovers
                     time.sleep(0.02)
                     continue
-                holder = _holder(fd)
+                holder = read_holder(fd)
                 os.close(fd)
                 raise self._in_use(holder) from None
             except OSError as exc:
@@ -91,9 +92,7 @@ class WriterLock:
                 self.unlocked = True
                 return
         self._keep(fd)
-        with contextlib.suppress(OSError):
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        write_holder(fd)
 
     def release(self) -> None:
         """Let the lock go (the kernel does it anyway when the process ends); idempotent."""
@@ -130,15 +129,6 @@ class WriterLock:
             f"{who} is already writing rank {self.rank}'s checkpoints to {self.directory} (it holds {self.path}); "
             "two writers would destroy each other's files: stop it, or give this one another dir or rank"
         )
-
-
-def _holder(fd: int) -> int | None:
-    """The pid the holder wrote into the lock file, if it has written it yet."""
-    try:
-        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
-    except OSError:
-        return None
-    return int(text) if text.isdigit() else None
 
 
 def _close_in_child() -> None:

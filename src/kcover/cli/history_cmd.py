@@ -16,7 +16,9 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
+from kcover.collect.printable import json_text, printable
 from kcover.exit_codes import ExitCode
 from kcover.launcher.history import History, HistoryError
 
@@ -52,7 +54,7 @@ def _show(store: History, run: int | None, limit: int, as_json: bool) -> None:
         return
     runs = store.runs(limit)
     if as_json:
-        typer.echo(json.dumps([vars(r) for r in runs], indent=2))
+        typer.echo(json_text([vars(r) for r in runs]))
         return
     table = Table(box=None, header_style="bold")
     for column in ("run", "started", "status", "restarts", "root cause", "ETTR", "command"):
@@ -61,7 +63,7 @@ def _show(store: History, run: int | None, limit: int, as_json: bool) -> None:
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row.started))
         cause = f"{row.root_category} ({row.root_rule})" if row.root_category else ""
         ettr = "" if row.ettr is None else f"{row.ettr:.2f}"
-        table.add_row(str(row.id), started, row.status, str(row.restarts), cause, ettr,
+        _add_text_row(table, str(row.id), started, row.status, str(row.restarts), cause, ettr,
                       " ".join(json.loads(row.command)))
     Console().print(table)
 
@@ -69,12 +71,17 @@ def _show(store: History, run: int | None, limit: int, as_json: bool) -> None:
 def _show_faults(store: History, run: int, as_json: bool) -> None:
     faults = store.faults(run)
     if as_json:
-        typer.echo(json.dumps(faults, indent=2))
+        typer.echo(json_text(faults))
         return
     columns = ("attempt", "rule", "category", "role", "rank", "node", "count", "line")
     table = Table(title=f"faults of run {run}", box=None, header_style="bold")
     for column in columns:
         table.add_column(column, overflow="ellipsis", no_wrap=column != "line")
     for fault in faults:
-        table.add_row(*("" if fault[k] is None else str(fault[k]) for k in columns))
+        _add_text_row(table, *("" if fault[k] is None else str(fault[k]) for k in columns))
     Console().print(table)
+
+
+def _add_text_row(table: Table, *cells: str) -> None:
+    """Cells as plain text: a command or log line with ``[`` or ESC is shown, never read as markup."""
+    table.add_row(*(Text(printable(cell)) for cell in cells))

@@ -19,9 +19,10 @@ from kcover.cli.usage import UsageError
 from kcover.collect.printable import json_text
 from kcover.decide.policy import RecoveryPolicy
 from kcover.exit_codes import ExitCode
+from kcover.launcher import statedir
 from kcover.launcher.inject import InjectError, parse_injections
 from kcover.launcher.reporting import print_summary, run_document
-from kcover.launcher.spec import RunSpec, SpecError, check_options
+from kcover.launcher.spec import RunSpec, SpecError, validate
 from kcover.launcher.supervisor import Supervisor
 from kcover.launcher.workers import LaunchError
 
@@ -61,8 +62,9 @@ def run(
             hang_timeout=hang_timeout, startup_timeout=startup_timeout, grace_period=grace_period,
             injections=tuple(injections), echo=not quiet,
         )
-        check_options(spec)
+        validate(spec)  # command, state dir and values first: a usage error starts nothing, not even --preflight
         if preflight:
+            statedir.ensure_free(state_dir)  # never check storage inside a state dir a live run holds
             _preflight(state_dir, nnodes, health_config)
         supervisor = Supervisor(spec)
         result = supervisor.run()

@@ -70,6 +70,12 @@ def unify_line_breaks(block: bytes) -> bytes:
     return block.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
 
 
+def last_line_break(data: bytes) -> int:
+    """Index of the last line break in ``data`` (-1 if none); a trailing ``\r`` waits, as its ``\n`` may follow."""
+    end = len(data) - 1 if data.endswith(b"\r") else len(data)
+    return max(data.rfind(b"\n", 0, end), data.rfind(b"\r", 0, end))
+
+
 def read_blocks(stream: BinaryIO, block_bytes: int = BLOCK_BYTES) -> Iterator[bytes]:
     """Yield cleaned blocks that end on a line break (the last one may not).
 
@@ -82,8 +88,7 @@ def read_blocks(stream: BinaryIO, block_bytes: int = BLOCK_BYTES) -> Iterator[by
         if not data:
             break
         data = carry + data
-        end = len(data) - 1 if data.endswith(b"\r") else len(data)  # a \r\n may straddle two reads
-        cut = max(data.rfind(b"\n", 0, end), data.rfind(b"\r", 0, end))
+        cut = last_line_break(data)
         if cut < 0:
             if len(data) >= MAX_LINE_BYTES:
                 yield clean_block(data[:MAX_LINE_BYTES]) + b"\n"

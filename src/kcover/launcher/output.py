@@ -79,6 +79,7 @@ class _Stream:
     worker: Worker
     kind: str  # "out", "err" or "progress"
     carry: bytes = b""
+    after_cr: bool = False  # the last block ended in \r: a \n that comes next completes a \r\n
 
 
 class RankLog:
@@ -187,7 +188,15 @@ class OutputPump:
             events.extend(self._feed(stream, stream.carry + b"\n"))
 
     def _feed(self, stream: _Stream, data: bytes) -> Iterator[Event]:
-        cut = max(data.rfind(b"\n"), data.rfind(b"\r"))
+        if stream.after_cr and data.startswith(b"\n"):  # a \r\n split across two reads is one line break
+            data = data[1:]
+            if stream.kind != "progress":
+                log = self.logs[stream.worker.rank]
+                error = log.write(b"\n", time.monotonic())
+                if error is not None:
+                    yield from self._trouble(log, error)
+        stream.after_cr = False
+        cut = max(data.rfind(b"\n"), data.rfind(b"\r"))  # a line ending in \r is read now, not at the next write
         if cut < 0 and len(data) < MAX_LINE_BYTES:
             stream.carry = data
             return
@@ -195,6 +204,7 @@ class OutputPump:
             cut = len(data) - 1
         stream.carry = data[cut + 1 :]
         block = data[: cut + 1]
+        stream.after_cr = block.endswith(b"\r") and not stream.carry
         now = time.monotonic()
         if stream.kind == "progress":
             yield from _progress_events(stream.worker.rank, block, now)

@@ -15,16 +15,16 @@ and its evidence names these files.
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import os
 import shutil
-import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from kcover.checkpoint.files import open_regular
 from kcover.launcher.spec import SpecError
+from kcover.lockfile import read_holder, write_holder
 
 LOCK_NAME = "kcover.lock"
 RUNS_NAME = "runs"
@@ -56,12 +56,22 @@ def claim(state_dir: Path) -> StateDirClaim:
     lock_fd = _open_lock(state_dir)
     try:
         _lock(lock_fd, state_dir)
-        _write_pid(lock_fd)
+        write_holder(lock_fd)
         run_dir = _new_run_dir(state_dir)
     except BaseException:
         os.close(lock_fd)
         raise
     return StateDirClaim(state_dir, run_dir, lock_fd)
+
+
+def ensure_free(state_dir: Path) -> None:
+    """:class:`StateDirBusyError` when a live run holds ``state_dir`` (checked, not kept: the run claims it later)."""
+    if state_dir.is_dir():
+        lock_fd = _open_lock(state_dir)
+        try:
+            _lock(lock_fd, state_dir)
+        finally:
+            os.close(lock_fd)
 
 
 def wipe(state_dir: Path) -> None:
@@ -84,16 +94,10 @@ def wipe(state_dir: Path) -> None:
 
 def _open_lock(state_dir: Path) -> int:
     path = state_dir / LOCK_NAME
-    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
-        lock_fd = os.open(path, flags, 0o644)
+        return open_regular(path, os.O_RDWR | os.O_CREAT)
     except OSError as exc:
-        why = "it is a symbolic link" if exc.errno == errno.ELOOP else exc.strerror or str(exc)
-        raise SpecError(f"state dir {state_dir}: cannot open the lock file {path}: {why}") from None
-    if not stat.S_ISREG(os.fstat(lock_fd).st_mode):
-        os.close(lock_fd)
-        raise SpecError(f"state dir {state_dir}: the lock file {path} is not a regular file")
-    return lock_fd
+        raise SpecError(f"state dir {state_dir}: cannot open the lock file {path}: {exc.strerror or exc}") from None
 
 
 def _lock(lock_fd: int, state_dir: Path) -> None:
@@ -101,27 +105,11 @@ def _lock(lock_fd: int, state_dir: Path) -> None:
         fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         raise StateDirBusyError(
-            f"state dir {state_dir} is in use by another kcover run (pid {_holder(lock_fd)}); "
+            f"state dir {state_dir} is in use by another kcover run (pid {read_holder(lock_fd) or 'unknown'}); "
             "wait for it to end or give this run another --state-dir"
         ) from None
     except OSError as exc:
         raise SpecError(f"state dir {state_dir} cannot be locked: {exc.strerror or exc}") from None
-
-
-def _holder(lock_fd: int) -> str:
-    """The pid the holder wrote, or ``unknown`` (it may not have written it yet)."""
-    try:
-        text = os.pread(lock_fd, 32, 0).decode("ascii", "replace").strip()
-    except OSError:
-        return "unknown"
-    return text if text.isdigit() else "unknown"
-
-
-def _write_pid(lock_fd: int) -> None:
-    """Our pid, for a second run's message; a full disk only makes that message vaguer."""
-    with contextlib.suppress(OSError):
-        os.ftruncate(lock_fd, 0)
-        os.pwrite(lock_fd, f"{os.getpid()}\n".encode(), 0)
 
 
 def _new_run_dir(state_dir: Path) -> Path:

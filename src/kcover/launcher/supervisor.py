@@ -86,8 +86,10 @@ class Supervisor:
             while not life.finished:
                 plan = AttemptPlan(len(result.attempts) + 1, nodes, time.monotonic(), state.restarts)
                 state, nodes = self._attempt(plan, history, run_id, state, life, result, run_dir)
-        except LaunchError:
-            raise
+        except LaunchError as exc:
+            if not result.attempts:
+                raise  # the first launch: a usage error (command not found …), nothing ran
+            result.status, result.reason = JobPhase.FAILED, f"cannot start the workers again: {exc}"
         except Exception as exc:  # a bug in kcover: the attempt stopped its workers; still record and report
             result.status, result.reason = JobPhase.FAILED, f"kcover itself failed: {type(exc).__name__}: {exc}"
             self._report_crash(run_dir, result.reason)
@@ -100,7 +102,7 @@ class Supervisor:
             if result.status is JobPhase.RUNNING:
                 result.status, result.reason = JobPhase.FAILED, "kcover itself failed"
             self._record(history.end_run, run_id, time.time(), result.status, result.restarts, result.ettr,
-                         result.root, result.reason)
+                         result.root, result.reason, final=True)
             guardian.release()
         return result
 
@@ -157,15 +159,20 @@ class Supervisor:
         with contextlib.suppress(Exception):  # the reporter may be what failed
             self.reporter.event("error", f"{reason} (traceback in {run_dir / 'kcover-error.txt'})")
 
-    def _record(self, write: Callable[..., int | None], *args: object) -> int | None:
-        """One history write; a full or read-only disk is said once, and the run goes on unrecorded."""
-        if self.history_failed:
+    def _record(self, write: Callable[..., int | None], *args: object, final: bool = False) -> int | None:
+        """One history write; a full or read-only disk is said once, and the run goes on unrecorded.
+
+        The run's end (``final``) is tried even after a failed write: a passing lock or a moment of
+        full disk must not leave the run ``running`` for ever (later shown as ``lost``).
+        """
+        if self.history_failed and not final:
             return None
         try:
             return write(*args)
         except (sqlite3.Error, OSError) as exc:
-            self.reporter.event("warning", f"cannot record the run in {self.spec.state_dir / 'kcover.db'}: "
-                                           f"{exc}; the run goes on unrecorded")
+            if not self.history_failed:
+                self.reporter.event("warning", f"cannot record the run in {self.spec.state_dir / 'kcover.db'}: "
+                                               f"{exc}; the run goes on unrecorded")
             self.history_failed = True
             return None
 

@@ -102,8 +102,11 @@ class Guardian:
             return
         assert self.process.stdin is not None
         self.process.stdin.close()
-        with contextlib.suppress(subprocess.TimeoutExpired):
+        try:
             self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:  # stuck: never leave it behind
+            self.process.kill()
+            self.process.wait()
         HELPERS.discard(self.process.pid)
         self.process = None
 

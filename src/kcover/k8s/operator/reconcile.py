@@ -164,6 +164,7 @@ class Reconciler:
             return False
         assessment = assess(job, self.world.pods_of(job), self.rules, policy.recovery, record)
         if not assessment.failed:
+            self.world.failing_since.pop(job.key, None)  # recovered: a later failure waits for its cause again
             return False
         if self._awaiting_cause(job, assessment):
             return True
