@@ -9,6 +9,7 @@ same cleaned bytes, the same verdict and evidence, the same rules.
 from __future__ import annotations
 
 import io
+import os
 import random
 import re
 from pathlib import Path
@@ -181,3 +182,13 @@ def test_a_crlf_split_across_two_reads_is_one_line_break(block_bytes: int) -> No
     whole = b"".join(read_blocks(io.BytesIO(text), 1 << 20))
     assert b"".join(read_blocks(io.BytesIO(text), block_bytes)) == whole  # before: an extra empty line
     assert whole.count(b"\n") == 5
+
+
+def test_a_fifo_in_place_of_a_cache_file_is_ignored_not_waited_on(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    first = parse_catalog(CATALOG, "user.yaml")
+    for cached in (tmp_path / "kcover").glob("catalog-*.json"):
+        cached.unlink()
+        os.mkfifo(cached)  # before: read_bytes() blocked for ever waiting for a writer
+    assert [rule.spec for rule in parse_catalog(CATALOG, "user.yaml")] == [rule.spec for rule in first]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 from pathlib import Path
 
 
@@ -24,11 +25,20 @@ def cache_dir() -> Path:
 
 
 def read_cached(name: str) -> bytes | None:
-    """The bytes cached as ``name``, or None when there are none (or they cannot be read)."""
+    """The bytes cached as ``name``, or None when there are none (or they are not a regular file, or unreadable)."""
     try:
-        return (cache_dir() / name).read_bytes()
+        fd = os.open(cache_dir() / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or a device there would hang or flood the read
+            return None
+        with os.fdopen(os.dup(fd), "rb") as file:
+            return file.read()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def write_cached(name: str, data: bytes) -> None:
