@@ -32,9 +32,11 @@ unit: setup test-cluster
 test: lint typecheck unit
 
 # The real Kubernetes control plane the tests run against: built from Go modules on first use
-# (about 15 minutes on 2 cores), reused from ~/.cache/kcover-test-cluster afterwards.
+# (about 15 minutes on 2 cores), reused from ~/.cache/kcover-test-cluster afterwards; the real
+# nodes' container runtime (containerd, runc) comes from Debian's packages.
 test-cluster:
 	hack/test-cluster/build
+	hack/test-cluster/node-packages
 
 cluster-up: setup test-cluster
 	$(BIN)/python -m kcover.testing.cluster up --nodes 4

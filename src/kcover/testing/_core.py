@@ -29,7 +29,7 @@ from types import TracebackType
 from typing import Self, TypeVar
 
 from kcover.ports import free_port
-from kcover.testing import pki
+from kcover.testing import node_cleanup, pki
 from kcover.testing._process import Component, tail
 from kcover.testing._rest import JSON, ApiError, RestClient
 from kcover.testing.binaries import Binaries, find_binaries, hack_dir
@@ -96,6 +96,7 @@ def _remove_stale_workdirs() -> None:
     Their children died with them (parent-death signal), but nobody removed
     the files. Only folders with an ``owner.pid`` naming a dead process go.
     """
+    node_cleanup.undo_stale()  # first: a killed run's real nodes still have mounts in there
     for folder in Path(tempfile.gettempdir()).glob(f"{_WORKDIR_PREFIX}*"):
         try:
             pid = int((folder / "owner.pid").read_text())
@@ -390,6 +391,8 @@ class ClusterCore:
                 "--authorization-mode=RBAC",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--allow-privileged=true",
+                # real nodes are named, not in DNS: reach kubelets by address (logs, exec)
+                "--kubelet-preferred-address-types=InternalIP",
                 f"--service-account-issuer=https://127.0.0.1:{port}/",
                 f"--service-account-key-file={pki_dir / 'sa.pub'}",
                 f"--service-account-signing-key-file={pki_dir / 'sa.key'}",

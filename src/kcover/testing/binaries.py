@@ -29,7 +29,7 @@ __all__ = [
 ]
 
 REQUIRED = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
-OPTIONAL = ("kubectl", "helm", "jobset", "training-operator")
+OPTIONAL = ("kubectl", "kubelet", "helm", "jobset", "training-operator")
 
 _MARKER = Path("hack") / "test-cluster" / "build"
 

@@ -53,6 +53,7 @@ from kcover.testing._process import ComponentDiedError
 from kcover.testing._rest import JSON, ApiError
 from kcover.testing.binaries import OPTIONAL, REQUIRED, find_binaries
 from kcover.testing.logs import LogLine, write_container_log
+from kcover.testing.realnodes import RealNodePool
 
 __all__ = ["ClusterStartError", "Credentials", "TestCluster", "main"]
 
@@ -74,6 +75,22 @@ class TestCluster(ClusterCore):
     """One throw-away control plane; use as a context manager or call start()/stop()."""
 
     __test__ = False  # not a pytest test class
+
+    real_node_pool: RealNodePool | None = None
+    real_node_leftovers: tuple[str, ...] = ()
+
+    def add_real_nodes(self, count: int = 2) -> list[str]:
+        """Start ``count`` real nodes (containerd + runc + kubelet); see :mod:`kcover.testing.realnodes`."""
+        if self.real_node_pool is None:
+            self.real_node_pool = RealNodePool(self, self.binaries.path("kubelet"))
+        return self.real_node_pool.add(count)
+
+    def stop(self) -> None:
+        """Stop the real nodes first (undoing every change to the machine), then the control plane."""
+        if self.real_node_pool is not None:
+            self.real_node_leftovers = tuple(self.real_node_pool.stop())
+            self.real_node_pool = None
+        super().stop()
 
     def _after_start(self) -> None:
         if self.controllers:
@@ -365,6 +382,9 @@ def _up(args: argparse.Namespace) -> int:
         cluster.start()
         if args.nodes:
             cluster.create_nodes(args.nodes, gpus=args.gpus)
+        if args.real_nodes:
+            names = cluster.add_real_nodes(args.real_nodes)
+            print(f"real nodes: {', '.join(names)}", file=sys.stderr)
         ready.set()
         print(
             f"ready in {cluster.startup_seconds:.1f}s; logs in {cluster.files.logs}",
@@ -400,6 +420,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="start a cluster, print its KUBECONFIG, run until Ctrl-C")
     up.add_argument("--nodes", type=int, default=2, help="fake KWOK nodes to create (default 2)")
+    up.add_argument(
+        "--real-nodes",
+        type=int,
+        default=0,
+        help="real nodes to add (containerd + runc + kubelet; needs root; default 0)",
+    )
     up.add_argument("--gpus", type=int, default=8, help="nvidia.com/gpu per node (default 8)")
     up.add_argument(
         "--controllers",

@@ -12,6 +12,10 @@ Use it from a ``conftest.py`` with ``pytest_plugins = ["kcover.testing.fixtures"
 * ``k8s_api`` (session): a ``kubernetes.client.ApiClient`` for the admin
   kubeconfig (needs the ``kubernetes`` package).
 * ``test_namespace`` (function): a fresh namespace, deleted afterwards.
+* ``real_nodes`` (session): two real nodes (containerd + runc + kubelet, see
+  :mod:`kcover.testing.realnodes`) added to ``test_cluster`` on first use;
+  stopped at the end of the session, failing it if anything was left on the
+  machine. Tests that use it carry the ``real_node`` marker.
 
 Missing binaries fail the session with the command that builds them; they
 skip instead only when ``KCOVER_TEST_CLUSTER_ALLOW_SKIP=1``.
@@ -34,8 +38,16 @@ from kcover.testing._process import ComponentDiedError
 from kcover.testing.binaries import find_binaries
 from kcover.testing.cluster import TestCluster
 from kcover.testing.controllers import start_controllers
+from kcover.testing.realnodes import RealNodePool, missing_prerequisites
 
-__all__ = ["jobset_controller", "k8s_api", "test_cluster", "test_namespace", "training_operator"]
+__all__ = [
+    "jobset_controller",
+    "k8s_api",
+    "real_nodes",
+    "test_cluster",
+    "test_namespace",
+    "training_operator",
+]
 
 ALLOW_SKIP = "KCOVER_TEST_CLUSTER_ALLOW_SKIP"
 KEEP = "KCOVER_TEST_CLUSTER_KEEP"
@@ -61,6 +73,28 @@ def test_cluster() -> Iterator[TestCluster]:
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def real_nodes(test_cluster: TestCluster) -> Iterator[RealNodePool]:
+    """Two real nodes in ``test_cluster`` (see module docstring); their names are ``pool.nodes``."""
+    kubelet = test_cluster.binaries.path("kubelet") if test_cluster.binaries.has("kubelet") else None
+    missing = missing_prerequisites(kubelet)
+    if missing:
+        message = "real nodes cannot run here: " + "; ".join(missing)
+        if os.environ.get(ALLOW_SKIP) == "1":
+            pytest.skip(message + f" ({ALLOW_SKIP}=1)")
+        pytest.fail(message + f" (or set {ALLOW_SKIP}=1 to skip these tests)", pytrace=False)
+    test_cluster.add_real_nodes(2)
+    pool = test_cluster.real_node_pool
+    assert pool is not None
+    try:
+        yield pool
+    finally:
+        test_cluster.real_node_pool = None
+        left = pool.stop()
+        if left:
+            pytest.fail("real nodes left this behind:\n" + "\n".join(left), pytrace=False)
 
 
 @pytest.fixture(autouse=True)
