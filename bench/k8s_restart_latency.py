@@ -10,6 +10,7 @@ what the API server, the Job controller, the scheduler and KWOK cost without
 kcover.  Target: median ≤ 10 s.
 
     python -m bench.k8s_restart_latency [--trials 3] [--pods 64]
+    python -m bench.k8s_restart_latency --real-nodes 3 [--trials 3]   # real containers: bench/k8s_real_restart.py
 """
 
 from __future__ import annotations
@@ -79,11 +80,22 @@ def current(core: client.CoreV1Api, namespace: str) -> list[Any]:
     return [p for p in items if p.status.phase == "Running" and not p.metadata.deletion_timestamp]
 
 
-def main() -> None:
+def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--pods", type=int, default=64)
-    args = parser.parse_args()
+    parser.add_argument("--real-nodes", type=int, default=0,
+                        help="run a 2-rank training on this many real nodes instead (see bench/k8s_real_restart.py)")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = arguments()
+    if args.real_nodes:
+        from bench.k8s_real_restart import run
+
+        run(args.real_nodes, args.trials)
+        return
     nodes_needed = args.pods // 4 + 2
     with tempfile.TemporaryDirectory() as folder, TestCluster(find_binaries()) as cluster:
         root = Path(folder)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -112,3 +114,29 @@ def test_a_wakeup_fd_owned_by_someone_else_is_still_warned_about(
         signal.set_wakeup_fd(previous)
         os.close(read)
         os.close(write)
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None or os.geteuid() != 0, reason="needs unshare and root")
+def test_sigterm_ends_a_worker_that_is_pid_1_of_its_namespace(tmp_path: Path, shm_dir: Path) -> None:
+    """A container's command is PID 1 of its PID namespace, and the kernel drops a default-disposition
+    SIGTERM for it: re-raising the signal after the emergency save used to leave the pod running until
+    the kubelet's SIGKILL at the end of the grace period (seen on a real kubelet: exit 137 after 10 s)."""
+    process = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", sys.executable,
+                                str(WORKERS / "sigterm_saver.py"), str(tmp_path), str(shm_dir), "sleep"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    assert process.stdout.readline() == "ready\n", process.stderr.read() if process.stderr else ""
+    [child] = Path(f"/proc/{process.pid}/task/{process.pid}/children").read_text().split()
+    nspid = next(line for line in Path(f"/proc/{child}/status").read_text().splitlines() if line.startswith("NSpid:"))
+    assert nspid.split()[-1] == "1"  # PID 1 inside its namespace
+    began = time.monotonic()
+    os.kill(int(child), signal.SIGTERM)
+    try:
+        _, stderr = process.communicate(timeout=20)
+    finally:
+        process.kill()  # unshare --kill-child takes the worker with it
+        process.communicate()
+    assert process.returncode == 128 + signal.SIGTERM, stderr
+    assert time.monotonic() - began < 5
+    assert "SIGTERM: step 2 persisted" in stderr
+    assert on_disk(tmp_path) == 2

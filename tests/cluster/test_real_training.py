@@ -54,6 +54,11 @@ def test_sigterm_in_a_pod_writes_the_emergency_checkpoint_and_the_new_pod_resume
                 return pod
         return None
 
+    test_cluster.wait_for(lambda: first["metadata"]["uid"] not in
+                          {p["metadata"]["uid"] for p in pods_of(test_cluster, test_namespace, "sigterm")}, 60,
+                          "the deleted pod to go")
+    ended = time.monotonic() - began
+    assert ended < 10, f"the worker took {ended:.1f} s of its 20 s grace: did SIGTERM end it (PID 1)?"
     new = test_cluster.wait_for(replacement, 120, "a replacement pod that resumed")
     match = RESUMED.search(pod_log(real_nodes, new))
     assert match is not None

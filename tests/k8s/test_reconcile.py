@@ -189,9 +189,9 @@ def test_a_gpu_fault_restarts_the_job_without_its_node_step_by_step() -> None:
     assert set(record.replaced) == {"uid-p0", "uid-p1"} and set(record.failing) == {"p0", "p1"}
     assert reconciler.evaluate(job), "old pods still running: wait"
     assert actions.names()[-1] == "suspend", "nothing new while waiting"
-    for name in ("p0", "p1"):
+    for name in ("p0", "p1"):  # stopped by the suspension: being deleted, they end Failed (SIGTERM)
         reconciler.world.pods[f"uid-{name}"] = dataclasses.replace(reconciler.world.pods[f"uid-{name}"],
-                                                                   phase="Failed")
+                                                                   phase="Failed", deleting=True)
     assert not reconciler.evaluate(job)
     assert actions.names()[-1] == "finish"
     job, record = current(reconciler, job)
@@ -275,6 +275,24 @@ def test_a_batch_job_whose_pods_crashed_is_replaced_and_a_controlled_one_is_not(
     assert not reconciler.evaluate(reconciler.world.jobs[job.key]), "its pods had failed already: resumed at once"
     assert "replace" not in actions.names() and actions.names()[-2:] == ["suspend", "finish"]
     assert [c for c in actions.calls if c == ("event", "KcoverSlowRestart")] == [("event", "KcoverSlowRestart")]
+
+
+def test_a_batch_job_whose_pods_crash_after_the_claim_is_replaced_not_resumed() -> None:
+    """On a real kubelet the fault line reaches the agent before the pod's crash reaches the API server: the
+    claim sees Running pods and suspends; when a pod then turns out to have failed by itself, resuming would
+    meet the Job controller's failure backoff (seen on real nodes: 7 s, then 17 s), so the Job is replaced."""
+    reconciler, actions = fake_reconciler()
+    job = xid_job(reconciler)
+    actions.bodies[("ns", "train")] = {"metadata": {"name": "train", "namespace": "ns"}}
+    assert reconciler.evaluate(job)
+    assert actions.names()[-1] == "suspend"
+    pods = reconciler.world.pods
+    pods["uid-p0"] = dataclasses.replace(pods["uid-p0"], phase="Failed")  # crashed: not deleted by anyone
+    pods["uid-p1"] = dataclasses.replace(pods["uid-p1"], phase="Failed", deleting=True)  # stopped by the suspend
+    assert not reconciler.evaluate(reconciler.world.jobs[job.key])
+    assert actions.names()[-1] == "replace" and "finish" not in actions.names()
+    assert actions.calls[-1] == ("replace", RecoveryPhase.RUNNING)
+    assert reconciler.world.recreating
 
 
 def test_a_jobset_whose_pods_crashed_gets_fresh_child_jobs() -> None:

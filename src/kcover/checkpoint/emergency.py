@@ -14,8 +14,10 @@ on SIGTERM every registered guard's action (the Checkpointer's "persist the
 newest snapshot") runs exactly once, each on its own thread, in whichever of
 the two paths gets there first.  Afterwards the process ends the way it would
 have: the previous Python handler is called, or, for the default disposition,
-the signal is re-raised — and when the main thread cannot even get there
-(still stuck), the watcher exits the process with status 143 (128 + SIGTERM).
+the signal is re-raised — and when that does not end it (the process is PID 1
+of a container, for which the kernel ignores a default-disposition signal), or
+the main thread cannot even get there (still stuck), the process exits with
+status 143 (128 + SIGTERM).
 The handler and the wakeup fd are installed with the first guard and given
 back, if still ours, with the last.
 
@@ -196,10 +198,7 @@ class _Dispatcher:
             return
         if self._previous in (signal.SIG_DFL, None):
             log.warning("kcover checkpoint: main thread busy in native code; exiting after the emergency save")
-            for stream in (sys.stdout, sys.stderr):
-                with contextlib.suppress(Exception):
-                    stream.flush()
-            os._exit(128 + signal.SIGTERM)
+            _exit_as_sigterm()
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._main_entered.set()
@@ -213,6 +212,18 @@ class _Dispatcher:
         elif previous != signal.SIG_IGN:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
+            if os.getpid() == 1:
+                # The init of a PID namespace (a container's command): the kernel drops a signal left at its
+                # default for it.  End as SIGTERM ends anyone else, or the pod lingers until the kubelet's
+                # SIGKILL at the end of the grace period.
+                _exit_as_sigterm()
+
+
+def _exit_as_sigterm() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(128 + signal.SIGTERM)
 
 
 def _wait_for_sigterm(read: int) -> bool:

@@ -22,7 +22,7 @@ import datetime as dt
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from kcover.classify.rules import Rule
@@ -287,6 +287,9 @@ class Reconciler:
                 return True
             if any(p.uid in record.replaced and p.phase not in ("Failed", "Succeeded") for p in pods):
                 return True  # the job's controller is still stopping the old pods
+            if self._crashed_meanwhile(job, record, pods) and self._replace(
+                    job, replace(record, method=RestartMethod.RECREATE), started):
+                return False
             if record.method is RestartMethod.RENEW_CHILDREN:
                 self.actions.delete_child_jobs(job)
             deleted = len(record.replaced)
@@ -299,6 +302,15 @@ class Reconciler:
         log.info("%s %s/%s: restart %s done, %d pods deleted", job.kind.kind, job.namespace, job.name,
                  record.attempt, deleted)
         return False
+
+    @staticmethod
+    def _crashed_meanwhile(job: JobView, record: RecoveryRecord, pods: Sequence[PodView]) -> bool:
+        """A batch Job claimed before its pods were seen failing (a real kubelet reports a crash a moment after
+        the fault line the agent read) with a pod that then failed by itself (Failed, not being deleted: the
+        pods the suspension stops are): resuming it would meet the Job controller's failure backoff (10 s, 20 s,
+        … per restart, measured on real nodes), so it is replaced after all."""
+        return (job.kind == BATCH_JOB and record.method is RestartMethod.NATIVE
+                and any(p.uid in record.replaced and p.phase == "Failed" and not p.deleting for p in pods))
 
     def _replace(self, job: JobView, record: RecoveryRecord, started: float | None) -> bool:
         """Replace a batch Job whose pods failed; False: it has a controller of its own, so restart natively."""
