@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 
-.PHONY: setup demo test lint typecheck unit bench test-cluster cluster-up
+.PHONY: setup demo test lint typecheck unit bench test-cluster test-packages cluster-up
 
 setup: $(STAMP)
 
@@ -26,17 +26,19 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy
 
-unit: setup test-cluster
+unit: setup test-cluster test-packages
 	$(BIN)/pytest
 
 test: lint typecheck unit
 
 # The real Kubernetes control plane the tests run against: built from Go modules on first use
-# (about 15 minutes on 2 cores), reused from ~/.cache/kcover-test-cluster afterwards; the real
-# nodes' container runtime (containerd, runc) comes from Debian's packages.
+# (about 15 minutes on 2 cores), reused from ~/.cache/kcover-test-cluster afterwards.
 test-cluster:
 	hack/test-cluster/build
-	hack/test-cluster/node-packages
+
+# Debian packages the tests use: containerd, runc & co. for the real nodes, chromium for the reports.
+test-packages:
+	hack/test-packages
 
 cluster-up: setup test-cluster
 	$(BIN)/python -m kcover.testing.cluster up --nodes 4
@@ -48,3 +50,4 @@ bench: setup
 	$(BIN)/python -m bench.launcher_latency
 	$(BIN)/python -m bench.launcher_overhead
 	$(BIN)/python -m bench.launcher_throughput
+	$(BIN)/python -m bench.report_size

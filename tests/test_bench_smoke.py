@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
         ("bench.scan_throughput", ["--size-mb", "4", "--re-size-mb", "1", "--no-install"], "ratio"),
         ("bench.scan_memory", ["--size-mb", "8", "--line-mb", "3"], "peak RSS"),
         ("bench.corpus_accuracy", [], "fatal category accuracy"),
+        ("bench.report_size", ["--attempts", "10", "--faults", "100"], "ratio"),
     ],
 )
 def test_benchmark_runs(module: str, args: list[str], expect: str, tmp_path: Path) -> None:

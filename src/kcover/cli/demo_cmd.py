@@ -15,6 +15,7 @@ from typing import Annotated
 
 import typer
 
+from kcover.cli.report_cmd import announce_report
 from kcover.cli.usage import UsageError
 from kcover.collect.printable import json_text
 from kcover.decide.policy import RecoveryPolicy
@@ -52,6 +53,7 @@ def demo(
     with LiveReporter(STEPS) as reporter:
         result = Supervisor(spec, reporter=reporter).run()
     print_summary(result)
+    announce_report(spec.state_dir, result.run_dir)
     typer.echo(f"worker logs, kernel messages, stacks and checkpoints: {state_dir}/", err=True)
     if as_json:
         typer.echo(json_text(run_document(result)))

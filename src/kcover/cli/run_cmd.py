@@ -15,6 +15,7 @@ from typing import Annotated
 
 import typer
 
+from kcover.cli.report_cmd import announce_report
 from kcover.cli.usage import UsageError
 from kcover.collect.printable import json_text
 from kcover.decide.policy import RecoveryPolicy
@@ -71,6 +72,7 @@ def run(
     except (SpecError, InjectError, LaunchError) as exc:
         raise UsageError(str(exc)) from None
     print_summary(result)
+    announce_report(spec.state_dir, result.run_dir)
     if as_json:
         typer.echo(json_text(run_document(result)))
     raise typer.Exit(result.exit_code)

@@ -30,11 +30,11 @@ from kcover.classify.collector import FaultCollector
 from kcover.classify.exit_codes import describe_exit, rule_for_exit
 from kcover.classify.matcher import Matcher
 from kcover.collect.lines import parse_line
-from kcover.faults import Evidence
+from kcover.faults import Evidence, Fault
 from kcover.launcher.inject import Injector, Shot
 from kcover.launcher.output import Event, FaultSeen, LogTrouble, OutputPump, ProgressSeen
 from kcover.launcher.reporting import Reporter
-from kcover.launcher.result import AttemptOutcome, AttemptResult
+from kcover.launcher.result import AttemptOutcome, AttemptResult, TraceRecorder
 from kcover.launcher.spec import RunSpec, worker_specs
 from kcover.launcher.stacks import capture_stacks
 from kcover.launcher.workers import WorkerGroup, start_worker
@@ -81,6 +81,7 @@ class Attempt:
         self.folder = run_dir / f"attempt-{plan.number}"
         self.collector = FaultCollector()
         self.moments = _Moments()
+        self.trace = TraceRecorder()
         self.steps: dict[int, int] = {}
         self.trigger: float | None = None
         self.killed_by_injection: set[int] = set()
@@ -106,7 +107,7 @@ class Attempt:
             group.close()
         tails = {source: tail for source, tail in self.collector.tails.items() if source.rank in self.died}
         return AttemptResult(outcome, attribute(self.collector.faults, tails=tails), ended=time.monotonic(),
-                             hung_at=self.hung_at, **asdict(self.moments))
+                             hung_at=self.hung_at, trace=self.trace.freeze(), **asdict(self.moments))
 
     def _launch(self, pump: OutputPump, group: WorkerGroup) -> None:
         """Start every worker into ``group`` (the caller stops and closes what started, whatever happens)."""
@@ -163,15 +164,19 @@ class Attempt:
             self._on_progress(hang, seen)
         elif isinstance(seen, LogTrouble):
             self.reporter.event("warning", seen.text)
-        elif seen.fault.is_fatal:
-            self._on_fault(seen)
+        else:
+            self._seen(seen.fault, seen.at)
+            if seen.fault.is_fatal:
+                self._on_fault(seen)
 
     def _on_progress(self, hang: HangDetector, seen: ProgressSeen) -> None:
         self.steps[seen.rank] = max(self.steps.get(seen.rank, -1), seen.step)
         moments = self.moments
         if seen.checkpoint:
             moments.last_checkpoint = seen.at
+            self.trace.checkpoint(seen.at, seen.step)
         if hang.observe(seen.step, seen.at):
+            self.trace.step(seen.at, seen.step)
             moments.first_progress = moments.first_progress or seen.at
             moments.max_step = seen.step
             self.reporter.progress(seen.rank, seen.step)
@@ -197,7 +202,9 @@ class Attempt:
             self.reporter.event("evidence", f"Python stacks of {stacks} workers in {self.folder / 'stacks.txt'}")
         rule = self.matcher.classify_text(text)
         if rule is not None:
-            self.collector.add(rule, Evidence(source="kcover", line=text))
+            fault = self.collector.add(rule, Evidence(source="kcover", line=text))
+            if fault is not None:
+                self._seen(fault, now)
         self.moments.first_fault = self.moments.first_fault or now
 
     def _exit_faults(self, group: WorkerGroup, stop_began: float) -> None:
@@ -213,7 +220,9 @@ class Attempt:
             if rule is not None:
                 evidence = Evidence(source=f"rank{worker.rank}", line=describe_exit(code), rank=worker.rank,
                                     node=worker.node)
-                self.collector.add(rule, evidence)
+                fault = self.collector.add(rule, evidence)
+                if fault is not None and worker.exited_at is not None:
+                    self._seen(fault, worker.exited_at)
 
     def _inject(self, group: WorkerGroup) -> None:
         elapsed = time.monotonic() - self.plan.started
@@ -242,5 +251,11 @@ class Attempt:
         if rule is None:
             return
         fault = self.collector.add(rule, Evidence(source=f"{node}/kmsg", line=text, node=node))
+        if fault is not None:
+            self._seen(fault, time.monotonic())
         if fault is not None and fault.is_fatal:
             self._on_fault(FaultSeen(fault, time.monotonic()))
+
+    def _seen(self, fault: Fault, at: float) -> None:
+        """Remember when ``fault`` was first seen, for the report's timeline."""
+        self.trace.fault((fault.rule, fault.rank, fault.node), at)

@@ -13,6 +13,13 @@ Each run records its launcher's pid, process start time and host.  A run still
 ``lost``; the start time keeps a reused pid from passing for the launcher, and a
 run started on another host is never judged from here.  ``kcover run`` writes
 ``lost`` into such rows when it starts.
+
+For ``kcover report`` each run also records its folder, layout and excluded
+nodes, each attempt its moments (epoch seconds, JSON in ``attempts.timings``),
+each fault when it was first seen (``faults.at``), and the ``progress`` table the
+attempt's thinned step samples and checkpoints.  Columns added since the first
+schema are added to an older database when ``kcover run`` opens it; readers must
+expect them missing.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ import sqlite3
 import stat
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +43,14 @@ from kcover.report import verdict_to_dict
 BUSY_WAIT = 5.0
 """Seconds to wait for a database another process holds locked."""
 LAUNCHER_COLUMNS = {"launcher_pid": "INTEGER", "launcher_start": "REAL", "launcher_host": "TEXT"}
+ADDED_COLUMNS = {
+    "runs": {**LAUNCHER_COLUMNS, "run_dir": "TEXT", "nproc_per_node": "INTEGER", "excluded": "TEXT"},
+    "attempts": {"timings": "TEXT"},
+    "faults": {"at": "REAL"},
+}
+"""Columns added after the first schema, per table: added to an older database when a run opens it."""
+FAULT_COLUMNS = ("run_id", "attempt", "rule", "category", "severity", "role", "rank", "node", "count", "source",
+                 "line_number", "line", "at")
 START_TOLERANCE = 0.01
 """Seconds two readings of one process's start time may differ by (one clock tick)."""
 
@@ -44,19 +59,40 @@ CREATE TABLE IF NOT EXISTS runs (
     id INTEGER PRIMARY KEY, started REAL NOT NULL, ended REAL, status TEXT NOT NULL,
     command TEXT NOT NULL, restarts INTEGER NOT NULL DEFAULT 0, ettr REAL,
     root_category TEXT, root_rule TEXT, reason TEXT,
-    launcher_pid INTEGER, launcher_start REAL, launcher_host TEXT
+    launcher_pid INTEGER, launcher_start REAL, launcher_host TEXT,
+    run_dir TEXT, nproc_per_node INTEGER, excluded TEXT
 );
 CREATE TABLE IF NOT EXISTS attempts (
     run_id INTEGER NOT NULL REFERENCES runs(id), number INTEGER NOT NULL, started REAL NOT NULL,
-    ended REAL, nodes TEXT NOT NULL, outcome TEXT, verdict TEXT, decision TEXT, reason TEXT,
+    ended REAL, nodes TEXT NOT NULL, outcome TEXT, verdict TEXT, decision TEXT, reason TEXT, timings TEXT,
     PRIMARY KEY (run_id, number)
 );
 CREATE TABLE IF NOT EXISTS faults (
     run_id INTEGER NOT NULL, attempt INTEGER NOT NULL, rule TEXT NOT NULL, category TEXT NOT NULL,
     severity TEXT NOT NULL, role TEXT NOT NULL, rank INTEGER, node TEXT, count INTEGER NOT NULL,
-    source TEXT, line_number INTEGER, line TEXT NOT NULL
+    source TEXT, line_number INTEGER, line TEXT NOT NULL, at REAL
 );
+CREATE TABLE IF NOT EXISTS progress (
+    run_id INTEGER NOT NULL, attempt INTEGER NOT NULL, at REAL NOT NULL, step INTEGER NOT NULL,
+    checkpoint INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS progress_by_attempt ON progress (run_id, attempt, checkpoint);
 """
+
+
+@dataclass(frozen=True)
+class AttemptTimeline:
+    """When things happened in an attempt, in epoch seconds, as the history records it for ``kcover report``.
+
+    ``moments`` names each moment (``launched``, ``first_progress``, ``last_checkpoint``, ``first_fault``,
+    ``stop_began``, ``stopped``) plus ``max_step``, ``hung_at`` and ``productive_seconds``; ``faults`` maps
+    (rule, rank, node) to when that fault was first seen; ``steps`` and ``checkpoints`` are (moment, step).
+    """
+
+    moments: dict[str, float | int | None] = field(default_factory=dict)
+    faults: dict[tuple[str, int | None, str | None], float] = field(default_factory=dict)
+    steps: tuple[tuple[float, int], ...] = ()
+    checkpoints: tuple[tuple[float, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -114,24 +150,27 @@ class History:
         db = sqlite3.connect(self.path, timeout=BUSY_WAIT)
         try:
             db.executescript(SCHEMA)
-            present = _columns(db)
-            for column, kind in LAUNCHER_COLUMNS.items():
-                if column not in present:
-                    db.execute(f"ALTER TABLE runs ADD COLUMN {column} {kind}")
+            for table, added in ADDED_COLUMNS.items():
+                present = _columns(db, table)
+                for column, kind in added.items():
+                    if column not in present:
+                        db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
             db.commit()
         except BaseException:
             db.close()
             raise
         return db
 
-    def begin_run(self, command: Sequence[str], now: float) -> int:
+    def begin_run(self, command: Sequence[str], now: float, run_dir: str | None = None,
+                  nproc_per_node: int | None = None) -> int:
         """Record a new run by this process (marking runs whose launcher is gone ``lost`` first)."""
         self.mark_lost()
         me = psutil.Process()
         cursor = self.db.execute(
-            "INSERT INTO runs (started, status, command, launcher_pid, launcher_start, launcher_host) "
-            "VALUES (?, 'running', ?, ?, ?, ?)",
-            (now, json.dumps(list(command)), me.pid, me.create_time(), socket.gethostname()),
+            "INSERT INTO runs (started, status, command, launcher_pid, launcher_start, launcher_host, run_dir, "
+            "nproc_per_node) VALUES (?, 'running', ?, ?, ?, ?, ?, ?)",
+            (now, json.dumps(list(command)), me.pid, me.create_time(), socket.gethostname(), run_dir,
+             nproc_per_node),
         )
         self.db.commit()
         assert cursor.lastrowid is not None
@@ -152,30 +191,42 @@ class History:
         self.db.commit()
 
     def end_attempt(
-        self, run_id: int, number: int, now: float, outcome: str, verdict: Verdict, decision: str, reason: str
+        self, run_id: int, number: int, now: float, outcome: str, verdict: Verdict, decision: str, reason: str,
+        timeline: AttemptTimeline | None = None,
     ) -> None:
+        """Record how an attempt ended, its faults and (``timeline``, epoch seconds) when things happened in it."""
+        timeline = timeline or AttemptTimeline()
         self.db.execute(
-            "UPDATE attempts SET ended=?, outcome=?, verdict=?, decision=?, reason=? WHERE run_id=? AND number=?",
-            (now, outcome, json.dumps(verdict_to_dict(verdict)), decision, reason, run_id, number),
+            "UPDATE attempts SET ended=?, outcome=?, verdict=?, decision=?, reason=?, timings=? "
+            "WHERE run_id=? AND number=?",
+            (now, outcome, json.dumps(verdict_to_dict(verdict)), decision, reason,
+             json.dumps(timeline.moments), run_id, number),
         )
         self.db.executemany(
-            "INSERT INTO faults VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [_fault_row(run_id, number, fault) for fault in verdict.faults],
+            f"INSERT INTO faults ({', '.join(FAULT_COLUMNS)}) VALUES ({', '.join('?' * len(FAULT_COLUMNS))})",
+            [(*_fault_row(run_id, number, fault), timeline.faults.get((fault.rule, fault.rank, fault.node)))
+             for fault in verdict.faults],
+        )
+        self.db.executemany(
+            "INSERT INTO progress VALUES (?, ?, ?, ?, ?)",
+            [(run_id, number, at, step, 0) for at, step in timeline.steps]
+            + [(run_id, number, at, step, 1) for at, step in timeline.checkpoints],
         )
         self.db.commit()
 
     def end_run(self, run_id: int, now: float, status: str, restarts: int, ettr: float | None,
-                root: Fault | None, reason: str) -> None:
+                root: Fault | None, reason: str, excluded: Sequence[str] = ()) -> None:
         self.db.execute(
-            "UPDATE runs SET ended=?, status=?, restarts=?, ettr=?, root_category=?, root_rule=?, reason=? WHERE id=?",
+            "UPDATE runs SET ended=?, status=?, restarts=?, ettr=?, root_category=?, root_rule=?, reason=?, "
+            "excluded=? WHERE id=?",
             (now, status, restarts, ettr, root.category.value if root else None, root.rule if root else None,
-             reason, run_id),
+             reason, json.dumps(list(excluded)), run_id),
         )
         self.db.commit()
 
     def runs(self, limit: int = 20, status: str | None = None) -> list[RunRow]:
         """The latest ``limit`` runs (all with -1), newest first, a gone launcher's ``running`` as ``lost``."""
-        present = _columns(self.db)
+        present = _columns(self.db, "runs")
         if not present:
             return []
         launcher = ", ".join(c if c in present else "NULL" for c in LAUNCHER_COLUMNS)
@@ -223,8 +274,8 @@ def _history_error(path: Path, exc: sqlite3.Error) -> HistoryError:
     return HistoryError(f"cannot read state database {path}: {exc}")
 
 
-def _columns(db: sqlite3.Connection) -> set[str]:
-    return {row[1] for row in db.execute("PRAGMA table_info(runs)")}
+def _columns(db: sqlite3.Connection, table: str) -> set[str]:
+    return {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
 
 
 def _judged(row: RunRow, launcher: tuple[int | None, float | None, str | None]) -> RunRow:

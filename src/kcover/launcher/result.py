@@ -5,12 +5,13 @@
 and builds the :class:`~kcover.launcher.reporting.AttemptRecord` it reports.
 Nobody fills a shared record up and down.  Times are ``time.monotonic()``
 seconds except ``first_fault_wall`` (epoch seconds, for correlating with other
-logs).
+logs).  Its :class:`AttemptTrace` (steps, checkpoints and when each fault was
+first seen, thinned to a bounded size) is what ``kcover report`` draws.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from kcover.faults import Verdict
@@ -31,6 +32,23 @@ class AttemptOutcome(StrEnum):
     """Never ended: kcover itself failed during the attempt (only in the report of such a run)."""
 
 
+FaultKey = tuple[str, int | None, str | None]
+"""A fault as the trace knows it: rule, rank, node."""
+
+MAX_SAMPLES = 2000
+"""Step samples (and, apart, checkpoints) an attempt keeps at most: a longer run keeps every 2nd, 4th, …"""
+
+
+@dataclass(frozen=True)
+class AttemptTrace:
+    """What happened during an attempt, over time: ``(moment, step)`` samples of new steps, checkpoints, and the
+    moment each fault was first seen (``time.monotonic()`` seconds)."""
+
+    steps: tuple[tuple[float, int], ...] = ()
+    checkpoints: tuple[tuple[float, int], ...] = ()
+    faults: tuple[tuple[FaultKey, float], ...] = ()
+
+
 @dataclass(frozen=True)
 class AttemptResult:
     """The end of one attempt, as :meth:`~kcover.launcher.attempt.Attempt.run` returns it."""
@@ -48,3 +66,36 @@ class AttemptResult:
     """The newest step reported (by any rank)."""
     hung_at: int | None = None
     """The last step before a hang (``hung`` only): a hang that recurs at the same step is deterministic."""
+    trace: AttemptTrace = field(default_factory=AttemptTrace)
+
+
+class TraceRecorder:
+    """Builds an :class:`AttemptTrace` as events arrive, in bounded memory (thinning by halves past the cap)."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[float, int]] = []
+        self.checkpoints: list[tuple[float, int]] = []
+        self.faults: dict[FaultKey, float] = {}
+        self._stride = {"steps": 1, "checkpoints": 1}
+        self._seen = {"steps": 0, "checkpoints": 0}
+
+    def step(self, at: float, step: int) -> None:
+        self._add("steps", self.steps, at, step)
+
+    def checkpoint(self, at: float, step: int) -> None:
+        self._add("checkpoints", self.checkpoints, at, step)
+
+    def fault(self, key: FaultKey, at: float) -> None:
+        self.faults.setdefault(key, at)
+
+    def freeze(self) -> AttemptTrace:
+        return AttemptTrace(tuple(self.steps), tuple(self.checkpoints), tuple(self.faults.items()))
+
+    def _add(self, kind: str, samples: list[tuple[float, int]], at: float, step: int) -> None:
+        self._seen[kind] += 1
+        if (self._seen[kind] - 1) % self._stride[kind]:
+            return
+        samples.append((at, step))
+        if len(samples) >= MAX_SAMPLES:
+            del samples[1::2]
+            self._stride[kind] *= 2

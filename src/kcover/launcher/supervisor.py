@@ -24,12 +24,13 @@ from pathlib import Path
 from types import FrameType
 
 from kcover.classify.matcher import Matcher, default_matcher
+from kcover.collect.printable import printable
 from kcover.decide.lifecycle import JobPhase, Lifecycle
 from kcover.decide.policy import AttemptEnd, DecisionKind, RecoveryState, decide
 from kcover.faults import Verdict
 from kcover.launcher import statedir
 from kcover.launcher.attempt import TICK, Attempt, AttemptPlan
-from kcover.launcher.history import History
+from kcover.launcher.history import AttemptTimeline, History
 from kcover.launcher.inject import Injector
 from kcover.launcher.reporting import AttemptRecord, ConsoleReporter, Reporter, RunResult
 from kcover.launcher.result import AttemptOutcome, AttemptResult
@@ -77,7 +78,8 @@ class Supervisor:
         began = time.monotonic()
         result = RunResult(status=JobPhase.RUNNING, started=began, ended=began,
                            state_dir=str(spec.state_dir.resolve()), run_dir=str(run_dir.resolve()))
-        run_id = self._record(history.begin_run, spec.command, time.time()) or 0
+        run_id = self._record(history.begin_run, spec.command, time.time(), printable(str(run_dir.resolve())),
+                              spec.nproc_per_node) or 0
         nodes, spares = spec.node_names()
         state = RecoveryState(spares=spares)
         life = Lifecycle(began)
@@ -102,7 +104,7 @@ class Supervisor:
             if result.status is JobPhase.RUNNING:
                 result.status, result.reason = JobPhase.FAILED, "kcover itself failed"
             self._record(history.end_run, run_id, time.time(), result.status, result.restarts, result.ettr,
-                         result.root, result.reason, final=True)
+                         result.root, result.reason, result.excluded, final=True)
             guardian.release()
         return result
 
@@ -122,7 +124,7 @@ class Supervisor:
         result.attempts.append(record)
         self.in_flight = None
         self._record(history.end_attempt, run_id, plan.number, time.time(), ended.outcome.value, ended.verdict,
-                     decision, reason)
+                     decision, reason, _timeline(record))
         return state, nodes
 
     def _conclude(self, plan: AttemptPlan, ended: AttemptResult, state: RecoveryState, life: Lifecycle,
@@ -194,3 +196,26 @@ def _verdict_line(verdict: Verdict) -> str:
         return "no fault recognised"
     blamed = f"; blamed {', '.join(verdict.nodes)}" if verdict.nodes else ""
     return f"{verdict.root.category.value}: {verdict.reason} → {verdict.action.value}{blamed}"
+
+
+def _timeline(record: AttemptRecord) -> AttemptTimeline:
+    """The attempt's moments and trace in epoch seconds, for the history (``kcover report`` draws them)."""
+    result = record.result
+    if result is None:
+        return AttemptTimeline()
+    offset = time.time() - time.monotonic()
+
+    def epoch(moment: float | None) -> float | None:
+        return None if moment is None else round(moment + offset, 3)
+
+    trace = result.trace
+    return AttemptTimeline(
+        moments={"launched": epoch(result.launched), "first_progress": epoch(result.first_progress),
+                 "last_checkpoint": epoch(result.last_checkpoint), "first_fault": epoch(result.first_fault),
+                 "stop_began": epoch(result.stop_began), "stopped": epoch(result.ended),
+                 "max_step": result.max_step, "hung_at": result.hung_at,
+                 "productive_seconds": round(record.productive(), 3)},
+        faults={key: round(at + offset, 3) for key, at in trace.faults},
+        steps=tuple((round(at + offset, 3), step) for at, step in trace.steps),
+        checkpoints=tuple((round(at + offset, 3), step) for at, step in trace.checkpoints),
+    )
