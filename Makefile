@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 
-.PHONY: setup demo test lint typecheck unit bench test-cluster test-packages cluster-up
+.PHONY: setup demo test lint typecheck unit bench test-cluster test-packages kcover-image cluster-up
 
 setup: $(STAMP)
 
@@ -26,7 +26,7 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy
 
-unit: setup test-cluster test-packages
+unit: setup test-cluster test-packages kcover-image
 	$(BIN)/pytest
 
 test: lint typecheck unit
@@ -39,6 +39,11 @@ test-cluster:
 # Debian packages the tests use: containerd, runc & co. for the real nodes, chromium for the reports.
 test-packages:
 	hack/test-packages
+
+# The kcover image as the Dockerfile makes it (debootstrap + this checkout's wheels), for the chart tests
+# on real nodes; cached by the hash of the sources. A failure here fails only those tests, saying why.
+kcover-image: setup test-packages
+	-$(BIN)/python -m kcover.testing.kcover_image
 
 cluster-up: setup test-cluster
 	$(BIN)/python -m kcover.testing.cluster up --nodes 4

@@ -28,6 +28,7 @@ import tarfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "HOST_RUNTIME_IMAGE",
@@ -35,6 +36,7 @@ __all__ = [
     "Entry",
     "HostMount",
     "host_runtime_mounts",
+    "layer_from_folder",
     "write_host_runtime_image",
     "write_oci_archive",
     "write_pause_image",
@@ -67,9 +69,9 @@ class HostMount:
     path: str
 
 
-def _layer(entries: Iterable[Entry]) -> bytes:
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+def _layer(entries: Iterable[Entry], dest: Path) -> Path:
+    """A layer tar at ``dest`` holding ``entries``."""
+    with tarfile.open(dest, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for entry in entries:
             info = tarfile.TarInfo(entry.path.lstrip("/"))
             info.mtime = 0
@@ -85,33 +87,76 @@ def _layer(entries: Iterable[Entry]) -> bytes:
             else:
                 info.size = len(entry.data)
                 tar.addfile(info, io.BytesIO(entry.data))
-    return out.getvalue()
+    return dest
 
 
-def _blob(blobs: dict[str, bytes], data: bytes) -> dict[str, object]:
+# Kernel file systems and caches: kept as empty folders, never copied into a layer.
+_EMPTY_IN_LAYER = {"proc", "sys", "dev", "run", "tmp", "var/cache/apt", "var/lib/apt/lists"}
+
+
+def layer_from_folder(folder: Path, dest: Path) -> Path:
+    """A layer tar at ``dest`` of the root file system in ``folder`` (owners, modes, links kept)."""
+
+    def keep(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        rel = info.name.removeprefix("./")
+        if any(rel.startswith(prefix + "/") for prefix in _EMPTY_IN_LAYER):
+            return None
+        info.mtime = 0
+        return info
+
+    with tarfile.open(dest, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for child in sorted(folder.iterdir()):
+            tar.add(child, arcname=child.name, recursive=True, filter=keep)
+    return dest
+
+
+def _blob(blobs: dict[str, bytes], data: bytes) -> dict[str, Any]:
     digest = "sha256:" + hashlib.sha256(data).hexdigest()
     blobs[digest] = data
     return {"digest": digest, "size": len(data)}
 
 
+def _digest(path: Path) -> dict[str, Any]:
+    sha = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(1 << 20):
+            sha.update(chunk)
+    return {"digest": "sha256:" + sha.hexdigest(), "size": path.stat().st_size}
+
+
 def write_oci_archive(
     dest: Path,
     name: str,
-    entries: Iterable[Entry],
+    layer: Iterable[Entry] | Path,
     entrypoint: list[str],
     env: Mapping[str, str] | None = None,
+    user: str = "",
 ) -> Path:
-    """Write a one-layer linux/amd64 image called ``name`` to ``dest`` (an OCI archive tar)."""
+    """Write a one-layer linux/amd64 image called ``name`` to ``dest`` (an OCI archive tar).
+
+    ``layer`` is the layer's entries, or a layer tar already written (see :func:`layer_from_folder`).
+    """
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    layer_file = layer if isinstance(layer, Path) else _layer(layer, dest.with_name(dest.name + ".layer"))
+    try:
+        return _write_archive(dest, name, layer_file, entrypoint, env or {}, user)
+    finally:
+        if layer_file is not layer:
+            layer_file.unlink(missing_ok=True)
+
+
+def _write_archive(dest: Path, name: str, layer: Path, entrypoint: list[str], env: Mapping[str, str],
+                   user: str) -> Path:
     blobs: dict[str, bytes] = {}
-    layer = _layer(entries)
-    layer_ref = _blob(blobs, layer)
-    config = {
+    layer_ref = _digest(layer)
+    config: dict[str, Any] = {
         "architecture": "amd64",
         "os": "linux",
         "config": {
             "Entrypoint": entrypoint,
-            "Env": [f"{k}={v}" for k, v in {"PATH": _PATH, **(env or {})}.items()],
+            "Env": [f"{k}={v}" for k, v in {"PATH": _PATH, **env}.items()],
             "WorkingDir": "/",
+            **({"User": user} if user else {}),
         },
         "rootfs": {"type": "layers", "diff_ids": [layer_ref["digest"]]},
         "history": [{"created_by": "kcover.testing.images"}],
@@ -142,7 +187,6 @@ def write_oci_archive(
         "index.json": json.dumps(index, sort_keys=True).encode(),
         **{f"blobs/sha256/{d.split(':', 1)[1]}": data for d, data in blobs.items()},
     }
-    dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(dest.name + ".tmp")
     with tarfile.open(tmp, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for folder in ("blobs", "blobs/sha256"):
@@ -153,6 +197,7 @@ def write_oci_archive(
             info = tarfile.TarInfo(path)
             info.size, info.mode, info.mtime = len(data), 0o644, 0
             tar.addfile(info, io.BytesIO(data))
+        tar.add(layer, arcname=f"blobs/sha256/{str(layer_ref['digest']).split(':', 1)[1]}")
     tmp.replace(dest)
     return dest
 

@@ -9,7 +9,8 @@ three kernel tunables. :class:`HostChanges` records all of that in a JSON file
 
 - :func:`undo` takes it away in a safe order: kill every process in the
   cgroups, kill the shims, unmount deepest first, remove the cgroups bottom-up,
-  delete the bridge, put the tunables back;
+  delete the bridge, put the tunables back, remove the mount points it created
+  (``/var/log/pods``, ``/var/lib/kcover``) unless another pool still runs;
 - :func:`leftovers` lists what is still there (a test asserts it is empty);
 - :func:`undo_stale` does the same for the record of a test run that was
   killed (its owner pid is gone), so a ``kill -9`` never leaves a machine dirty
@@ -60,6 +61,7 @@ class HostChanges:
     cgroup_roots: list[str] = field(default_factory=list)
     sockets: list[str] = field(default_factory=list)
     sysctls: dict[str, str] = field(default_factory=dict)
+    created_dirs: list[str] = field(default_factory=list)
 
     @property
     def path(self) -> Path:
@@ -203,10 +205,19 @@ def undo(changes: HostChanges) -> list[str]:
     for root in changes.roots:
         if not _mounts_under([root]):
             shutil.rmtree(root, ignore_errors=True)
+    if not _other_records(changes):  # another pool's nodes may still mount over them
+        for created in reversed(changes.created_dirs):
+            with contextlib.suppress(OSError):
+                Path(created).rmdir()
     left = leftovers(changes)
     if not left:
         changes.path.unlink(missing_ok=True)
     return left
+
+
+def _other_records(changes: HostChanges) -> bool:
+    folder = record_dir()
+    return folder.is_dir() and any(p != changes.path for p in folder.glob("*.json"))
 
 
 def leftovers(changes: HostChanges) -> list[str]:
@@ -218,6 +229,8 @@ def leftovers(changes: HostChanges) -> list[str]:
     if _bridge_exists(changes.bridge):
         left.append(f"network link {changes.bridge}")
     left += [f"folder {root}" for root in changes.roots if Path(root).exists()]
+    if not _other_records(changes):
+        left += [f"folder {created}" for created in changes.created_dirs if Path(created).exists()]
     now = read_sysctls()
     if not any(_comm(pid) == "kubelet" for pid in _all_pids()):
         left += [

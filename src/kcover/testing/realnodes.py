@@ -10,6 +10,9 @@ root folder, ports, cgroup root and pod-log folder, using the cgroupfs driver.
   node (``10.250.X.N/32``); a node's kubelet listens there and pods use host
   networking, so every byte stays on this machine and each node still has an
   address of its own (``MASTER_ADDR`` of a job can be a node's address).
+- **Node-local paths.** containerd and the kubelet of a node share a mount
+  namespace of their own in which ``/var/log/pods`` and ``/var/lib/kcover`` are
+  that node's folders, so a DaemonSet's hostPath means each node's own folder.
 - **Images.** No registry is reachable: the pause and host-runtime images of
   :mod:`kcover.testing.images` are written and imported into each containerd.
   Pods mount the host's ``/usr``, Python and the project read-only
@@ -35,6 +38,7 @@ import ipaddress
 import json
 import os
 import random
+import shlex
 import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -63,6 +67,9 @@ POOL_LABEL = "kcover.io/real-node-pool"  # one value per pool: keeps a test's po
 CNI_BIN = Path("/usr/lib/cni")
 DEBIAN_PACKAGES = "containerd runc busybox-static containernetworking-plugins"
 _START_TIMEOUT = 90.0
+# Paths every node has of its own (bind mounts in its mount namespace), as node-local folders a chart's
+# hostPath volumes name: container logs, and the agent's state.
+NODE_LOCAL_PATHS = {"/var/log/pods": "pods", "/var/lib/kcover": "kcover-state"}
 
 
 def missing_prerequisites(kubelet: Path | None) -> list[str]:
@@ -100,8 +107,9 @@ class RealNode:
 
     @property
     def pod_logs(self) -> Path:
-        """The kubelet's ``podLogsDir``: ``<ns>_<pod>_<uid>/<container>/<n>.log`` files."""
-        return self.root / "pods"
+        """The kubelet's ``podLogsDir`` (``/var/log/pods`` on the node), as this machine sees it:
+        ``<ns>_<pod>_<uid>/<container>/<n>.log`` files."""
+        return self.root / NODE_LOCAL_PATHS["/var/log/pods"]
 
     def check(self) -> None:
         self.containerd.check()
@@ -170,7 +178,7 @@ def _kubelet_config(node: RealNode, healthz_port: int) -> dict[str, Any]:
         # test-only: the API server's log/exec calls need no client certificate
         "authentication": {"anonymous": {"enabled": True}, "webhook": {"enabled": False}},
         "authorization": {"mode": "AlwaysAllow"},
-        "podLogsDir": str(node.pod_logs),
+        "podLogsDir": "/var/log/pods",  # the node's own folder, in its mount namespace
         "containerRuntimeEndpoint": f"unix://{node.socket}",
         "registerWithTaints": [{"key": REAL_NODE_LABEL, "value": "true", "effect": "NoSchedule"}],
         "evictionHard": {"memory.available": "100Mi"},
@@ -240,7 +248,6 @@ class RealNodePool:
         self.changes.sockets.append(str(root / "containerd.sock"))
         self.changes.save()
         (root / "cni").mkdir(parents=True)
-        (root / "pods").mkdir()
         (root / "cni" / "10-loopback.conflist").write_text(json.dumps(_CNI_CONF))
         _ip("addr", "add", f"{ip}/32", "dev", self.changes.bridge)
         for hierarchy in node_cleanup.CGROUP_FS.iterdir():
@@ -252,7 +259,7 @@ class RealNodePool:
             _CONTAINERD_TOML.format(root=root, pause=images.PAUSE_IMAGE, cni_bin=CNI_BIN)
         )
         containerd = Component(
-            f"containerd-{name}", ["containerd", "--config", str(config)],
+            f"containerd-{name}", self._in_own_mounts(root, ["containerd", "--config", str(config)]),
             self.cluster.files.logs / f"containerd-{name}.log", env, root,
         )
         containerd.start()
@@ -270,6 +277,7 @@ class RealNodePool:
         kubelet_yaml = root / "kubelet.json"
         kubelet_yaml.write_text(json.dumps(_kubelet_config(node, free_port()), indent=1))
         node.kubelet.argv = [
+            "nsenter", f"--mount=/proc/{containerd.pid}/ns/mnt", "--",  # containerd's mounts
             str(self.kubelet_binary),
             f"--config={kubelet_yaml}",
             f"--kubeconfig={self.cluster.kubeconfig}",
@@ -282,6 +290,23 @@ class RealNodePool:
         node.kubelet.start()
         self.cluster.components.append(node.kubelet)
         return node
+
+    def _in_own_mounts(self, root: Path, argv: list[str]) -> list[str]:
+        """``argv`` run in a mount namespace of the node's own, where :data:`NODE_LOCAL_PATHS` are its folders.
+
+        Every node then has its ``/var/log/pods`` (and agent state) at the usual path, as on a real
+        cluster, so one DaemonSet with one hostPath serves them all; the kubelet joins this namespace.
+        """
+        steps = ["set -e"]
+        for path, sub in NODE_LOCAL_PATHS.items():
+            (root / sub).mkdir(exist_ok=True)
+            if not Path(path).exists():
+                Path(path).mkdir(parents=True)
+                self.changes.created_dirs.append(path)
+                self.changes.save()
+            steps.append(f"mount --bind {shlex.quote(str(root / sub))} {shlex.quote(path)}")
+        steps.append("exec " + shlex.join(argv))
+        return ["unshare", "--mount", "--propagation", "private", "sh", "-c", "; ".join(steps)]
 
     def _wait_ready(self, node: RealNode) -> None:
         def ready() -> bool:

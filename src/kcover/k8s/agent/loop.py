@@ -54,6 +54,8 @@ class Agent:
 
     def run(self, stop: threading.Event) -> None:
         log.info("kcover agent on node %s: logs %s", self.node, self.log_root)
+        if self.kernel is not None:
+            log.info("kernel log %s: %s", self.kernel.path, self.kernel.status)
         while not stop.is_set():
             began = time.monotonic()
             try:

@@ -121,14 +121,25 @@ class KernelLog:
         self.path = path
         self.tailer = tailer
         self.device: int | None = None
+        self.status = "a file, followed"
+        """What became of the kernel log: read as a device, followed as a file, or why it cannot be read."""
+        self._unreadable = False
         try:
-            if stat.S_ISCHR(path.stat().st_mode):
+            is_device = stat.S_ISCHR(path.stat().st_mode)
+        except OSError:
+            is_device = False  # a file that may appear later: followed when it does
+        if is_device:
+            try:
                 self.device = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
                 os.lseek(self.device, 0, os.SEEK_END)  # new messages only; history was seen before
-        except OSError:
-            self.device = None
+                self.status = "the device, new messages"
+            except OSError as err:
+                self._unreadable = True  # never tail a device we may not open as if it were a file
+                self.status = f"cannot be read: {err.strerror or err}"
 
     def read(self) -> bytes:
+        if self._unreadable:
+            return b""
         if self.device is None:
             found = self.tailer.read(self.path)
             return _KMSG_PREFIX.sub(b"", found[0]) if found else b""

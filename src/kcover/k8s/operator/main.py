@@ -15,10 +15,11 @@ the real clock to it.  Handlers are registered on a registry built per
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import kopf
 from kubernetes import client
@@ -69,7 +70,7 @@ def build_registry(config: Config, world: World) -> kopf.OperatorRegistry:
     def _login(**kwargs: Any) -> Any:
         if os.environ.get("KUBECONFIG"):
             return kopf.login_with_kubeconfig(**kwargs)
-        return kopf.login_with_service_account(**kwargs)
+        return in_cluster_address(kopf.login_with_service_account(**kwargs))
 
     @kopf.on.event("", "v1", "pods", registry=registry)
     def _on_pod(type: str, body: kopf.Body, **_: Any) -> None:
@@ -121,10 +122,26 @@ async def _evaluate_forever(config: Config, world: World, rules: Any) -> None:
         await asyncio.sleep(TICK_SECONDS)
 
 
+def in_cluster_address(info: kopf.ConnectionInfo | None) -> kopf.ConnectionInfo | None:
+    """Reach the API server where the pod's environment says, as client-go and the kubernetes client do.
+
+    kopf's service-account login names ``kubernetes.default.svc``, which needs the cluster's DNS: an
+    operator that recovers jobs must not stop when DNS does (and the real-node test cluster has none).
+    """
+    host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
+    if info is None or not host or not port:
+        return info
+    server = f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
+    return dataclasses.replace(info, server=server)
+
+
 def run(config: Config) -> None:
     """Run the operator until interrupted (``kcover operator``)."""
     if config.metrics_port:
         from prometheus_client import start_http_server
 
         start_http_server(config.metrics_port)
-    kopf.run(registry=build_registry(config, World()), clusterwide=True, standalone=True)
+    # An explicit identity: kopf would otherwise ask the password database who runs it, and the image's
+    # user 65532 is not in it (KeyError: getpwuid(), found by the chart test on real nodes).
+    kopf.run(registry=build_registry(config, World()), clusterwide=True, standalone=True,
+             identity=cast(Any, config.identity))  # kopf types it as a NewType of str it does not export
