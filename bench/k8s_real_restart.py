@@ -32,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench import k8s_restart_latency as latency
 from kcover.testing import TestCluster, find_binaries
 from kcover.testing._rest import ApiError
 from kcover.testing.realjobs import RESUMED, kill_trainers_on, pod_log, pods_of, trainer_job
@@ -42,13 +43,9 @@ KMSG_XID = "3,2045,91234567,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, GPU has 
 JOB = "train"
 
 
-def wait(probe: Callable[[], Any], timeout: float = 240) -> float:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if probe():
-            return time.monotonic()
-        time.sleep(0.05)
-    raise TimeoutError("benchmark step did not finish")
+def wait(probe: Callable[[], Any]) -> float:
+    """When ``probe`` first held (real containers take longer than KWOK's: four minutes at most)."""
+    return latency.wait(probe, timeout=240)
 
 
 def live(cluster: TestCluster, namespace: str) -> list[dict[str, Any]]:
