@@ -49,7 +49,7 @@ def test_sigterm_persists_the_memory_snapshot_then_ends_as_it_would_have(
     assert on_disk(tmp_path) == 1  # step 2 is in memory only
     code, seconds, stderr = stop(process)
     assert code == exit_code, stderr
-    assert seconds < 5
+    assert seconds < 10  # promptly: far inside any grace period (5 s flaked once on a loaded 2-core VM)
     assert "SIGTERM: step 2 persisted" in stderr
     assert on_disk(tmp_path) == 2
 
@@ -72,7 +72,7 @@ def test_sigterm_while_stuck_in_a_collective(tmp_path: Path, shm_dir: Path) -> N
         time.sleep(0.3)  # rank 0 is now inside dist.barrier(), in C++
         code, seconds, stderr = stop(process)
         assert code == 128 + signal.SIGTERM, stderr
-        assert seconds < 5
+        assert seconds < 10  # promptly: far inside any grace period (5 s flaked once on a loaded 2-core VM)
         assert "main thread busy in native code" in stderr
         assert on_disk(tmp_path / "ckpt") == 2
     finally:
