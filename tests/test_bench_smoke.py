@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
         ("bench.scan_memory", ["--size-mb", "8", "--line-mb", "3"], "peak RSS"),
         ("bench.corpus_accuracy", [], "fatal category accuracy"),
         ("bench.report_size", ["--attempts", "10", "--faults", "100"], "ratio"),
+        ("bench.straggler_detection", ["--steps", "60", "--trials", "2", "--healthy-steps", "300"], "ratio"),
     ],
 )
 def test_benchmark_runs(module: str, args: list[str], expect: str, tmp_path: Path) -> None:

@@ -1,21 +1,35 @@
-"""The optional worker-side SDK: tell the supervisor about progress and checkpoints.
+"""The optional worker-side SDK: tell the supervisor about progress, checkpoints and compute time.
 
 Training scripts need none of this (kcover also reads step numbers from log
-lines), but two calls make hang detection and ETTR exact::
+lines), but a few calls make hang detection, ETTR and straggler detection exact::
 
     import kcover
     kcover.progress(step)        # after each optimizer step
     kcover.checkpointed(step)    # after a checkpoint of ``step`` is complete
+    kcover.step_time(seconds)    # this rank's compute seconds of the step (not the waiting)
 
-Outside ``kcover run`` (no ``KCOVER_PROGRESS_FD``) both do nothing, so the same
-script runs unchanged under ``torchrun`` or plain ``python``.
+    with kcover.timed(step):     # or: time the compute part of a step
+        loss = model(batch); loss.backward()
+    dist.all_reduce(...)         # waiting in collectives stays outside
+
+Waiting time cannot show who is slow (every rank waits for the slowest), so the
+straggler detector compares compute times across ranks.  Each call is one small
+write to a pipe (a few microseconds).  Outside ``kcover run`` (no
+``KCOVER_PROGRESS_FD``) all of them do nothing, so the same script runs
+unchanged under ``torchrun`` or plain ``python``.  A timing that is not a
+positive finite number of seconds is not sent.
 """
 
 from __future__ import annotations
 
+import math
 import os
+from time import perf_counter
+from types import TracebackType
 
 _FD_VARIABLE = "KCOVER_PROGRESS_FD"
+_steps = {"timed": 0}
+"""The next step number :func:`step_time` reports when it is not given one."""
 
 
 def _send(text: str) -> None:
@@ -36,3 +50,34 @@ def progress(step: int) -> None:
 def checkpointed(step: int) -> None:
     """Report that a complete checkpoint of ``step`` is on disk."""
     _send(f"ckpt {int(step)}\n")
+
+
+def step_time(compute_seconds: float, step: int | None = None) -> None:
+    """Report this rank's compute seconds of ``step`` (default: one more than the last step timed here).
+
+    Every rank must number its steps alike: either all pass ``step`` or none does.
+    """
+    number = _steps["timed"] if step is None else int(step)
+    _steps["timed"] = number + 1
+    seconds = float(compute_seconds)
+    if math.isfinite(seconds) and seconds > 0:
+        _send(f"time {number} {seconds:.6g}\n")
+
+
+class timed:  # noqa: N801 - used as a function: ``with kcover.timed(step):``
+    """Time the block as the compute part of ``step`` and report it with :func:`step_time`."""
+
+    __slots__ = ("began", "step")
+
+    def __init__(self, step: int | None = None) -> None:
+        self.step = step
+        self.began = 0.0
+
+    def __enter__(self) -> timed:
+        self.began = perf_counter()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        if kind is None:
+            step_time(perf_counter() - self.began, self.step)

@@ -14,7 +14,8 @@ NOTHING = Verdict(root=None, action=Action.NONE)
 
 
 def test_outcome_names_are_the_ones_json_and_history_always_used() -> None:
-    assert [o.value for o in AttemptOutcome] == ["succeeded", "failed", "hung", "interrupted", "running"]
+    assert [o.value for o in AttemptOutcome] == ["succeeded", "failed", "hung", "interrupted", "running",
+                                                "straggler"]
 
 
 def test_exit_codes_are_the_documented_ones() -> None:

@@ -19,6 +19,7 @@ from kcover.cli.report_cmd import announce_report
 from kcover.cli.usage import UsageError
 from kcover.collect.printable import json_text
 from kcover.decide.policy import RecoveryPolicy
+from kcover.decide.straggler_action import StragglerAction
 from kcover.exit_codes import ExitCode
 from kcover.launcher import statedir
 from kcover.launcher.inject import InjectError, parse_injections
@@ -43,8 +44,12 @@ def run(
     = None,
     startup_timeout: Annotated[float, typer.Option(help="Seconds allowed before the first step.")] = 900.0,
     grace_period: Annotated[float, typer.Option(help="Seconds between SIGTERM and SIGKILL.")] = 10.0,
-    inject: Annotated[list[str] | None, typer.Option(help="Fault to inject, KIND@TARGET[:step=N|:after=S].")]
-    = None,
+    inject: Annotated[list[str] | None,
+                      typer.Option(help="Fault to inject, KIND@TARGET[:step=N|:after=S][:factor=F].")] = None,
+    straggler_action: Annotated[str, typer.Option(help="On a straggler: report, or replace its node when a spare "
+                                                       "exists and the gain beats the restart cost.")] = "report",
+    total_steps: Annotated[int | None, typer.Option(help="The job's total steps (weighs --straggler-action "
+                                                         "replace).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout at exit.")] = False,
     quiet: Annotated[bool, typer.Option(help="Do not echo worker output to stderr.")] = False,
     preflight: Annotated[bool, typer.Option(help="Run the quick health suite first; refuse to start on failure.")]
@@ -62,6 +67,7 @@ def run(
                                   backoff_initial=backoff, min_nodes=min_nodes),
             hang_timeout=hang_timeout, startup_timeout=startup_timeout, grace_period=grace_period,
             injections=tuple(injections), echo=not quiet,
+            straggler_action=_straggler_action(straggler_action), total_steps=total_steps,
         )
         validate(spec)  # command, state dir and values first: a usage error starts nothing, not even --preflight
         if preflight:
@@ -76,6 +82,14 @@ def run(
     if as_json:
         typer.echo(json_text(run_document(result)))
     raise typer.Exit(result.exit_code)
+
+
+def _straggler_action(text: str) -> StragglerAction:
+    try:
+        return StragglerAction(text)
+    except ValueError:
+        known = " or ".join(a.value for a in StragglerAction)
+        raise SpecError(f"--straggler-action must be {known} (got {text!r})") from None
 
 
 def _preflight(state_dir: Path, nnodes: int, config: Path | None) -> None:

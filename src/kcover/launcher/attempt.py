@@ -7,8 +7,12 @@ and verdict say how and why it ended.  It ends when all workers exit 0
 (``succeeded``), after a fatal fault or abnormal exit plus ``settle`` seconds
 for the other ranks' evidence unless the failing worker already exited
 (``failed``), when no progress came for the hang timeout (``hung``: stacks
-captured first), or when kcover is asked to stop (``interrupted``).  Injected
-faults (:class:`~kcover.launcher.inject.Injector`) are asked for once per tick.
+captured first), when ``--straggler-action replace`` judged a restart without a
+straggler's node worth it (``straggler``: :mod:`kcover.launcher.stragglers`), or
+when kcover is asked to stop (``interrupted``).  Injected faults
+(:class:`~kcover.launcher.inject.Injector`) are asked for once per tick; the
+throttles of ``slow`` injections are stopped (their ranks left running) before
+the workers are, on every way out.
 
 Its files (``rankR.log``, ``stacks.txt``, ``<node>.kmsg``) live in
 ``<run dir>/attempt-N/``.  A state dir that cannot be written (full disk) is
@@ -22,7 +26,7 @@ import contextlib
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from kcover.classify.attribution import attribute
@@ -32,11 +36,13 @@ from kcover.classify.matcher import Matcher
 from kcover.collect.lines import parse_line
 from kcover.faults import Evidence, Fault
 from kcover.launcher.inject import Injector, Shot
-from kcover.launcher.output import Event, FaultSeen, LogTrouble, OutputPump, ProgressSeen
+from kcover.launcher.output import Event, FaultSeen, LogTrouble, OutputPump, ProgressSeen, TimingSeen
 from kcover.launcher.reporting import Reporter
 from kcover.launcher.result import AttemptOutcome, AttemptResult, TraceRecorder
 from kcover.launcher.spec import RunSpec, worker_specs
 from kcover.launcher.stacks import capture_stacks
+from kcover.launcher.stragglers import StragglerWatch
+from kcover.launcher.throttle import Throttle, stop_all
 from kcover.launcher.workers import WorkerGroup, start_worker
 from kcover.ports import free_port
 from kcover.steps import HangDetector
@@ -45,6 +51,8 @@ TICK = 0.05
 ROUND = 0.025
 """Shortest watch round while output trickles in: it is read in batches (fewer, larger reads).
 A round that found a pipe full does not pause: the next one starts at once."""
+STRAGGLER_RULE = "job.straggler"
+"""The catalog rule of a straggler whose node is replaced: node at fault, so the policy excludes it."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +63,7 @@ class AttemptPlan:
     nodes: tuple[str, ...]
     started: float
     restarts: int
+    spares: int = 0
 
 
 @dataclass
@@ -87,6 +96,8 @@ class Attempt:
         self.killed_by_injection: set[int] = set()
         self.died: set[int] = set()  # ranks that exited non-zero on their own: their logs' ends may say why
         self.hung_at: int | None = None
+        self.throttles: dict[int, Throttle] = {}
+        self.stragglers = StragglerWatch(spec.straggler_action, spec.total_steps, plan.spares, {})
 
     def run(self, stop_requested: Callable[[], bool]) -> AttemptResult:
         """Launch, watch, stop and judge; returns how the attempt ended and why."""
@@ -101,19 +112,22 @@ class Attempt:
             outcome = self._watch(pump, group, hang, stop_requested)
             self._wind_down(pump, group, hang, outcome)
         finally:
+            self._unthrottle_all()  # never leave a rank stopped, whatever ended the attempt
             if group.running:  # an exception ended the attempt: never leave a worker unsupervised
                 group.stop(self.spec.grace_period)
             pump.close()
             group.close()
         tails = {source: tail for source, tail in self.collector.tails.items() if source.rank in self.died}
         return AttemptResult(outcome, attribute(self.collector.faults, tails=tails), ended=time.monotonic(),
-                             hung_at=self.hung_at, trace=self.trace.freeze(), **asdict(self.moments))
+                             hung_at=self.hung_at, trace=self.trace.freeze(), stragglers=self.stragglers.freeze(),
+                             **asdict(self.moments))
 
     def _launch(self, pump: OutputPump, group: WorkerGroup) -> None:
         """Start every worker into ``group`` (the caller stops and closes what started, whatever happens)."""
         port = self.spec.master_port or free_port()
         plan = self.plan
         specs = worker_specs(self.spec, plan.nodes, plan.number, plan.restarts, port, self.folder)
+        self.stragglers.nodes = {worker_spec.rank: worker_spec.node for worker_spec in specs}
         for worker_spec in specs:
             group.workers.append(start_worker(worker_spec))
             pump.add(group.workers[-1])
@@ -128,6 +142,7 @@ class Attempt:
             for seen in pump.pump(TICK):
                 self._on_event(hang, seen)
             for ended in group.poll():
+                self._unthrottle(ended.rank)
                 if ended.exit_code != 0 and ended.rank not in self.killed_by_injection:
                     self.trigger = self.trigger or time.monotonic()
                     crashed = True
@@ -136,6 +151,8 @@ class Attempt:
             now = time.monotonic()
             if stop_requested():
                 return AttemptOutcome.INTERRUPTED
+            if self.trigger is None and self._straggler_replaced(now):
+                return AttemptOutcome.STRAGGLER
             if not group.running and all(w.exit_code == 0 for w in group.workers):
                 return AttemptOutcome.SUCCEEDED
             if crashed or (self.trigger is not None and now - self.trigger >= self.spec.settle):
@@ -148,6 +165,7 @@ class Attempt:
 
     def _wind_down(self, pump: OutputPump, group: WorkerGroup, hang: HangDetector, outcome: AttemptOutcome) -> None:
         stop_began = self.moments.stop_began = time.monotonic()
+        self._unthrottle_all()  # before the workers: a stopped rank could not save a checkpoint
         if outcome is not AttemptOutcome.SUCCEEDED:
             stopped = group.stop(self.spec.grace_period)
             self.reporter.event("stop", f"stopped {len(group.workers)} workers in {stopped:.2f}s")
@@ -160,7 +178,9 @@ class Attempt:
             self._exit_faults(group, stop_began)
 
     def _on_event(self, hang: HangDetector, seen: Event) -> None:
-        if isinstance(seen, ProgressSeen):
+        if isinstance(seen, TimingSeen):
+            self.stragglers.timing(seen)
+        elif isinstance(seen, ProgressSeen):
             self._on_progress(hang, seen)
         elif isinstance(seen, LogTrouble):
             self.reporter.event("warning", seen.text)
@@ -175,7 +195,9 @@ class Attempt:
         if seen.checkpoint:
             moments.last_checkpoint = seen.at
             self.trace.checkpoint(seen.at, seen.step)
+            self.stragglers.checkpointed(seen.step)
         if hang.observe(seen.step, seen.at):
+            self.stragglers.step(seen.step, seen.at, moments.launched)
             self.trace.step(seen.at, seen.step)
             moments.first_progress = moments.first_progress or seen.at
             moments.max_step = seen.step
@@ -191,6 +213,7 @@ class Attempt:
 
     def _on_hang(self, hang: HangDetector, group: WorkerGroup, now: float) -> None:
         self.hung_at = hang.step
+        self._unthrottle_all()  # let the stack dump see every rank running
         text = hang.describe(now)
         self.reporter.event("hang", text)
         try:
@@ -231,13 +254,47 @@ class Attempt:
 
     def _fire(self, shot: Shot) -> None:
         worker = shot.worker
-        self.reporter.event("inject", f"{shot.injection.kind.value} on rank {worker.rank} ({worker.node})")
+        factor = f" ×{shot.injection.factor:g}" if shot.injection.factor is not None else ""
+        self.reporter.event("inject", f"{shot.injection.kind.value}{factor} on rank {worker.rank} ({worker.node})")
         line = shot.kernel_line
         if line is not None:
             self._kernel_message(worker.node, line)
-        shot.fire()
+        throttle = shot.fire()
+        if throttle is not None:
+            self._unthrottle(worker.rank)
+            self.throttles[worker.rank] = throttle
         if shot.kills:
             self.killed_by_injection.add(worker.rank)
+
+    def _unthrottle(self, rank: int) -> None:
+        throttle = self.throttles.pop(rank, None)
+        if throttle is not None:
+            throttle.stop()
+
+    def _unthrottle_all(self) -> None:
+        throttles = list(self.throttles.values())
+        self.throttles.clear()
+        stop_all(throttles)
+
+    def _straggler_replaced(self, now: float) -> bool:
+        """Report what the straggler watch found; True when a straggler's node is to be replaced (fault recorded)."""
+        news = self.stragglers.check(now)
+        for line in news.lines:
+            self.reporter.event("straggler", line)
+        chosen = news.replace
+        if chosen is None:
+            return False
+        rule = next((r for r in self.matcher.rules if r.id == STRAGGLER_RULE), None)
+        if rule is None:  # a catalog without the rule: the node could not be blamed, so only report
+            self.reporter.event("warning", f"the catalog has no rule {STRAGGLER_RULE}; reporting only")
+            self.stragglers.records[chosen.rank] = replace(chosen, action="reported")
+            return False
+        evidence = Evidence(source="kcover", line=chosen.detail, rank=chosen.rank, node=chosen.node)
+        fault = self.collector.add(rule, evidence)
+        if fault is not None:
+            self._seen(fault, now)
+            self._on_fault(FaultSeen(fault, now))
+        return True
 
     def _kernel_message(self, node: str, line: str) -> None:
         """Record a node's kernel message as the node agent would read it from /dev/kmsg."""

@@ -17,7 +17,9 @@ run started on another host is never judged from here.  ``kcover run`` writes
 For ``kcover report`` each run also records its folder, layout and excluded
 nodes, each attempt its moments (epoch seconds, JSON in ``attempts.timings``),
 each fault when it was first seen (``faults.at``), and the ``progress`` table the
-attempt's thinned step samples and checkpoints.  Columns added since the first
+attempt's thinned step samples and checkpoints, and the ``stragglers`` table the
+ranks the straggler detector flagged (attempt, rank, node, slowdown, since step,
+first flagged at, action, detail).  Columns added since the first
 schema are added to an older database when ``kcover run`` opens it; readers must
 expect them missing.
 """
@@ -37,6 +39,7 @@ from typing import Any
 import psutil
 
 from kcover.faults import Fault, Verdict
+from kcover.launcher.result import StragglerRecord
 from kcover.launcher.spec import SpecError
 from kcover.report import verdict_to_dict
 
@@ -47,6 +50,8 @@ ADDED_COLUMNS = {
     "runs": {**LAUNCHER_COLUMNS, "run_dir": "TEXT", "nproc_per_node": "INTEGER", "excluded": "TEXT"},
     "attempts": {"timings": "TEXT"},
     "faults": {"at": "REAL"},
+    "stragglers": {"node": "TEXT", "slowdown": "REAL", "since_step": "INTEGER", "at": "REAL", "action": "TEXT",
+                   "detail": "TEXT"},
 }
 """Columns added after the first schema, per table: added to an older database when a run opens it."""
 FAULT_COLUMNS = ("run_id", "attempt", "rule", "category", "severity", "role", "rank", "node", "count", "source",
@@ -75,6 +80,10 @@ CREATE TABLE IF NOT EXISTS faults (
 CREATE TABLE IF NOT EXISTS progress (
     run_id INTEGER NOT NULL, attempt INTEGER NOT NULL, at REAL NOT NULL, step INTEGER NOT NULL,
     checkpoint INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS stragglers (
+    run_id INTEGER NOT NULL, attempt INTEGER NOT NULL, rank INTEGER NOT NULL, node TEXT, slowdown REAL,
+    since_step INTEGER, at REAL, action TEXT, detail TEXT
 );
 CREATE INDEX IF NOT EXISTS progress_by_attempt ON progress (run_id, attempt, checkpoint);
 """
@@ -211,6 +220,16 @@ class History:
             "INSERT INTO progress VALUES (?, ?, ?, ?, ?)",
             [(run_id, number, at, step, 0) for at, step in timeline.steps]
             + [(run_id, number, at, step, 1) for at, step in timeline.checkpoints],
+        )
+        self.db.commit()
+
+    def record_stragglers(self, run_id: int, attempt: int, stragglers: Sequence[StragglerRecord]) -> None:
+        """The ranks flagged as stragglers in an attempt (``at`` in epoch seconds)."""
+        self.db.executemany(
+            "INSERT INTO stragglers (run_id, attempt, rank, node, slowdown, since_step, at, action, detail) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [(run_id, attempt, s.rank, s.node, s.slowdown, s.since_step, s.at, s.action, s.detail)
+             for s in stragglers],
         )
         self.db.commit()
 

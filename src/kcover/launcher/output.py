@@ -20,7 +20,9 @@ turn the echo off.
 Progress comes from two places: log lines that name a step (``step 120``,
 ``iteration 120/5000``, ``global_step=120``) and the optional SDK
 (:func:`kcover.progress`) that writes ``<step>`` or ``ckpt <step>`` lines to the
-pipe named by ``KCOVER_PROGRESS_FD``.
+pipe named by ``KCOVER_PROGRESS_FD``.  On the same pipe :func:`kcover.step_time`
+writes ``time <step> <seconds>``: a :class:`TimingSeen` for the straggler detector
+(a value that is not a number is ignored; the detector refuses the rest).
 """
 
 from __future__ import annotations
@@ -65,13 +67,22 @@ class ProgressSeen:
 
 
 @dataclass(frozen=True)
+class TimingSeen:
+    """A rank's compute seconds of one step (:func:`kcover.step_time`), for the straggler detector."""
+
+    rank: int
+    step: int
+    seconds: float
+
+
+@dataclass(frozen=True)
 class LogTrouble:
     """A rank log could not be written; said once per pump."""
 
     text: str
 
 
-Event = FaultSeen | ProgressSeen | LogTrouble
+Event = FaultSeen | ProgressSeen | TimingSeen | LogTrouble
 
 
 @dataclass
@@ -280,10 +291,13 @@ def _enlarge_pipe(fd: int) -> None:
         fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
 
 
-def _progress_events(rank: int, block: bytes, now: float) -> Iterator[ProgressSeen]:
+def _progress_events(rank: int, block: bytes, now: float) -> Iterator[ProgressSeen | TimingSeen]:
     for line in block.split(b"\n"):
         parts = line.split()
         if len(parts) == 1 and parts[0].isdigit():
             yield ProgressSeen(rank, int(parts[0]), now)
         elif len(parts) == 2 and parts[0] == b"ckpt" and parts[1].isdigit():
             yield ProgressSeen(rank, int(parts[1]), now, checkpoint=True)
+        elif len(parts) == 3 and parts[0] == b"time" and parts[1].isdigit() and len(parts[2]) <= 32:
+            with contextlib.suppress(ValueError):
+                yield TimingSeen(rank, int(parts[1]), float(parts[2]))

@@ -22,7 +22,7 @@ from typing import Any, Protocol, TextIO
 from kcover.decide.lifecycle import JobPhase
 from kcover.exit_codes import ExitCode
 from kcover.faults import Fault, Verdict
-from kcover.launcher.result import AttemptOutcome, AttemptResult
+from kcover.launcher.result import AttemptOutcome, AttemptResult, StragglerRecord
 from kcover.report import fault_to_dict
 
 
@@ -135,6 +135,8 @@ def run_document(result: RunResult) -> dict[str, Any]:
         "ettr": round(result.ettr, 4),
         "faults": faults,
         "attempts": [_attempt_document(a) for a in result.attempts],
+        "stragglers": [_straggler_document(a.number, s) for a in result.attempts if a.result
+                       for s in a.result.stragglers],
         "timings": {
             "wall_seconds": round(result.wall, 3),
             "productive_seconds": round(sum(a.productive() for a in result.attempts), 3),
@@ -143,6 +145,12 @@ def run_document(result: RunResult) -> dict[str, Any]:
         "state_dir": result.state_dir,
         "run_dir": result.run_dir,
     }
+
+
+def _straggler_document(attempt: int, straggler: StragglerRecord) -> dict[str, Any]:
+    return {"attempt": attempt, "rank": straggler.rank, "node": straggler.node,
+            "slowdown": round(straggler.slowdown, 3), "since_step": straggler.since_step,
+            "action": straggler.action, "detail": straggler.detail}
 
 
 def _attempt_document(attempt: AttemptRecord) -> dict[str, Any]:
@@ -204,5 +212,9 @@ def print_summary(result: RunResult, stream: TextIO | None = None) -> None:
         f"restarts {result.restarts} · excluded {', '.join(result.excluded) or 'none'} · wall {result.wall:.1f}s · "
         f"lost {lost:.1f}s · [bold]ETTR {result.ettr:.2f}[/]"
     )
+    slow = [f"rank {s.rank} ({s.node}) {s.slowdown:.2f}x in attempt {a.number}, {s.action}"
+            for a in result.attempts if a.result for s in a.result.stragglers]
+    if slow:
+        console.print(f"stragglers: {'; '.join(slow)}")
     if result.reason:
         console.print(f"reason: {result.reason}")

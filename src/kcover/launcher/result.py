@@ -30,6 +30,8 @@ class AttemptOutcome(StrEnum):
     """kcover was asked to stop."""
     RUNNING = "running"
     """Never ended: kcover itself failed during the attempt (only in the report of such a run)."""
+    STRAGGLER = "straggler"
+    """A rank was a straggler and ``--straggler-action replace`` stopped the attempt to restart without its node."""
 
 
 FaultKey = tuple[str, int | None, str | None]
@@ -50,6 +52,22 @@ class AttemptTrace:
 
 
 @dataclass(frozen=True)
+class StragglerRecord:
+    """A rank the straggler detector flagged during the attempt, and what kcover did about it."""
+
+    rank: int
+    node: str
+    slowdown: float
+    """How much slower than its own baseline (relative to its peers): 1.3 = 30% slower; the highest seen."""
+    since_step: int
+    at: float
+    """When it was first flagged (``time.monotonic()``)."""
+    action: str
+    """``reported``, or ``replaced`` when the attempt was stopped to restart without its node."""
+    detail: str
+
+
+@dataclass(frozen=True)
 class AttemptResult:
     """The end of one attempt, as :meth:`~kcover.launcher.attempt.Attempt.run` returns it."""
 
@@ -67,6 +85,7 @@ class AttemptResult:
     hung_at: int | None = None
     """The last step before a hang (``hung`` only): a hang that recurs at the same step is deterministic."""
     trace: AttemptTrace = field(default_factory=AttemptTrace)
+    stragglers: tuple[StragglerRecord, ...] = ()
 
 
 class TraceRecorder:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kcover.decide.policy import RecoveryPolicy
+from kcover.decide.straggler_action import StragglerAction
 from kcover.launcher.inject import Injection
 from kcover.launcher.workers import WorkerSpec
 
@@ -43,6 +44,9 @@ class RunSpec:
     injections: tuple[Injection, ...] = ()
     echo: bool = True
     master_port: int | None = None
+    straggler_action: StragglerAction = StragglerAction.REPORT
+    total_steps: int | None = None
+    """The job's total steps: what ``--straggler-action replace`` weighs the remaining time by."""
 
     @property
     def world_size(self) -> int:
@@ -57,6 +61,7 @@ class RunSpec:
 MAX_WORKERS = 4096  # ranks (active and spare nodes together) one machine is asked to start
 MAX_SECONDS = 30 * 86400
 MAX_RESTARTS = 1_000_000
+MAX_STEPS = 10**12
 
 
 def _count(option: str, value: int, low: int, high: int, high_text: str = "") -> None:
@@ -90,6 +95,8 @@ def check_options(spec: RunSpec) -> None:
         _seconds("--hang-timeout", spec.hang_timeout)
     _seconds("--startup-timeout", spec.startup_timeout)
     _seconds("--grace-period", spec.grace_period, zero_allowed=True)
+    if spec.total_steps is not None:
+        _count("--total-steps", spec.total_steps, 1, MAX_STEPS, "10^12")
 
 
 def validate(spec: RunSpec) -> None:

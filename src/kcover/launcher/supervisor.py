@@ -20,6 +20,7 @@ import sqlite3
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 
@@ -86,7 +87,8 @@ class Supervisor:
         guardian = start_guardian()
         try:
             while not life.finished:
-                plan = AttemptPlan(len(result.attempts) + 1, nodes, time.monotonic(), state.restarts)
+                plan = AttemptPlan(len(result.attempts) + 1, nodes, time.monotonic(), state.restarts,
+                                   len(state.spares))
                 state, nodes = self._attempt(plan, history, run_id, state, life, result, run_dir)
         except LaunchError as exc:
             if not result.attempts:
@@ -125,6 +127,10 @@ class Supervisor:
         self.in_flight = None
         self._record(history.end_attempt, run_id, plan.number, time.time(), ended.outcome.value, ended.verdict,
                      decision, reason, _timeline(record))
+        if ended.stragglers:
+            offset = time.time() - time.monotonic()
+            self._record(history.record_stragglers, run_id, plan.number,
+                         [replace(s, at=round(s.at + offset, 3)) for s in ended.stragglers])
         return state, nodes
 
     def _conclude(self, plan: AttemptPlan, ended: AttemptResult, state: RecoveryState, life: Lifecycle,

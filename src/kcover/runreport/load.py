@@ -153,7 +153,7 @@ def _trend(db: sqlite3.Connection) -> tuple[TrendPoint, ...]:
 
 
 def _stragglers(db: sqlite3.Connection, run_id: int) -> tuple[Straggler, ...]:
-    """Rows of a ``stragglers`` table, when a straggler detector has written one (none does yet)."""
+    """Rows of a ``stragglers`` table, as ``kcover run`` writes it (absent in older databases)."""
     rows = _rows(db, "stragglers", ("attempt", "rank", "node", "detail"), "run_id=?", (run_id,))
     return tuple(Straggler(_int(r["attempt"]) or 0, _int(r["rank"]), None if r["node"] is None else str(r["node"]),
                            str(r["detail"] or "")) for r in rows)

@@ -57,7 +57,7 @@ class TrendPoint:
 
 @dataclass(frozen=True)
 class Straggler:
-    """A rank the straggler detector reported as slow (no detector writes these yet)."""
+    """A rank the straggler detector reported as slow (``kcover run`` records them)."""
 
     attempt: int
     rank: int | None

@@ -24,7 +24,8 @@ KIND_COLOURS = {
     "productive": "#4caf50", "startup": "#90a4ae", "restart": "#607d8b", "redone": "#ff9800",
     "detection": "#e53935", "shutdown": "#8e24aa", "backoff": "#bdbdbd", "other": "#e0e0e0",
 }
-OUTCOME_COLOURS = {"succeeded": "#c8e6c9", "failed": "#ffcdd2", "hung": "#ffe0b2", "interrupted": "#e1bee7"}
+OUTCOME_COLOURS = {"succeeded": "#c8e6c9", "failed": "#ffcdd2", "hung": "#ffe0b2", "interrupted": "#e1bee7",
+                   "straggler": "#fff9c4"}
 CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 
