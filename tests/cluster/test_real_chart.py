@@ -57,6 +57,8 @@ def chart_values(pool: RealNodePool, image: kcover_image.KcoverImage, api_port: 
         "operator": {"replicas": 1, "hostNetwork": True, "nodeSelector": on_pool, "metricsPort": free_port(),
                      "tolerations": [{"key": REAL_NODE_LABEL, "operator": "Exists"}]},
         "agent": {"hostNetwork": True, "nodeSelector": on_pool, "healthInterval": 0, "snapshotDir": ""},
+        # the breaker counts every node of the shared test cluster: let it quarantine one of a handful
+        "policy": {"quarantineMaxShare": 1.0},
     }
 
 
