@@ -15,6 +15,7 @@ import json
 import os
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,8 +63,18 @@ def chart_values(pool: RealNodePool, image: kcover_image.KcoverImage, api_port: 
     }
 
 
+@pytest.fixture
+def own_cluster(test_cluster: TestCluster) -> Iterator[TestCluster]:
+    """A cluster of this test's own: the chart's operator acts cluster-wide, and its quarantine breaker
+    counts every node, so jobs and quarantines other tests left in the shared cluster must not reach it."""
+    with TestCluster(test_cluster.binaries) as cluster:
+        yield cluster
+
+
 def test_helm_install_runs_the_agent_and_operator_pods_that_read_real_logs_and_restart_a_job(
-        test_cluster: TestCluster, test_namespace: str, image: kcover_image.KcoverImage, tmp_path: Path) -> None:
+        own_cluster: TestCluster, image: kcover_image.KcoverImage, tmp_path: Path) -> None:
+    test_cluster = own_cluster
+    test_namespace = test_cluster.create_namespace("trainers")
     pool = RealNodePool(test_cluster, test_cluster.binaries.path("kubelet"))
     release = f"kc-{uuid.uuid4().hex[:6]}"
     try:
@@ -116,7 +127,9 @@ def test_helm_install_runs_the_agent_and_operator_pods_that_read_real_logs_and_r
             raise AssertionError(f"{err}; the kcover pods' logs:\n{shown}") from None
         assert record["last"]["category"] == "gpu_hardware"  # read by the agent pod from the real log file
         assert record["last"]["nodes"] == [nodes[0]]
-        assert test_cluster.api.get(f"/api/v1/nodes/{nodes[0]}")["spec"].get("unschedulable") is True
+        # the claim (restarts 1) comes first, the quarantine right after it
+        test_cluster.wait_for(lambda: test_cluster.api.get(f"/api/v1/nodes/{nodes[0]}")["spec"]
+                              .get("unschedulable") is True, 60, f"{nodes[0]} quarantined")
         done = test_cluster.run_tool("helm", "uninstall", "kcover", "-n", release, "--wait", timeout=120)
         assert done.returncode == 0, done.stderr
         test_cluster.wait_for(lambda: not kcover_pods(), 60, "the kcover pods gone after helm uninstall")
