@@ -409,6 +409,8 @@ def _up(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         cluster.stop()
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        for left in cluster.real_node_leftovers:
+            print(f"warning: the real nodes left this behind: {left}", file=sys.stderr)
     return 0
 
 

@@ -346,10 +346,6 @@ class RealNodePool:
             return []
         return node_cleanup.undo(self.changes)
 
-    def check(self) -> None:
-        for node in self.nodes.values():
-            node.check()
-
 
 def _ignore_missing(probe: Any) -> Any:
     def wrapped() -> Any:
