@@ -92,9 +92,9 @@ node-5:771:801 [1] misc/socket.cc:30 NCCL WARN socketProgressOpt: Call to recv f
             REFUSED_THEN_RENDEZVOUS_TIMEOUT, Category.NCCL_COMMUNICATION, "nccl.socket-connect",
             id="refused-connect-beats-rendezvous-timeout",
         ),
-        pytest.param(
-            STORE_REFUSED_THEN_STORE_TIMEOUT, Category.NETWORK_INFINIBAND, "net.unreachable",
-            id="store-refused-beats-store-timeout",
+        pytest.param(  # the refused connect is a retry warning (a healthy start prints it too): not the root
+            STORE_REFUSED_THEN_STORE_TIMEOUT, Category.COLLECTIVE_TIMEOUT_HANG, "torch.store-timeout",
+            id="store-timeout-after-refused-retries",
         ),
         pytest.param(
             IB_COMPLETION_UNDER_NCCL_ERRORS, Category.NETWORK_INFINIBAND, "ib.completion-error",
@@ -169,3 +169,12 @@ def test_wrapper_alone_still_gives_a_cascade_verdict(text: str, category: Catego
 def test_retried_or_informational_lines_are_not_faults(text: str) -> None:
     verdict = explain(text)
     assert verdict.category is None, verdict.rule
+
+
+def test_a_rank_that_reaches_the_store_before_it_is_up_is_no_fault() -> None:
+    """torch's client retries while rank 0's store starts, warning each time (seen on real nodes whenever a
+    pod's rank starts before rank 0's: an in-place restart's warm worker, or any job's start)."""
+    retries = "\n".join(f"[W1202 03:09:1{i}.123456789 socket.cpp:752] [c10d] The client socket has failed to connect "
+                        f"to [localhost]:29500 (errno: 111 - Connection refused)." for i in range(3))
+    verdict = explain(retries + "\nrank 1 joined the process group of 2\nstep 1 loss 0.5\n")
+    assert verdict.root is None and not verdict.faults

@@ -130,6 +130,16 @@ class FakeActions:
         done, self.pending = self.pending, []
         return done, 0
 
+    def order_generation(self, pods: Sequence[PodView], generation: int) -> None:
+        self.calls.append(("order", generation))
+        for pod in pods:
+            if pod.uid in self.world.pods:
+                self.world.pods[pod.uid] = dataclasses.replace(self.world.pods[pod.uid], ordered=generation)
+
+    def write_record(self, job: JobView, record: RecoveryRecord) -> None:
+        self.calls.append(("record", record.step))
+        self._write(job, record)
+
     def names(self) -> list[str]:
         return [name for name, _ in self.calls]
 

@@ -124,10 +124,11 @@ def test_a_locked_database_is_waited_for_then_refused(recorded: dict[str, Any], 
     assert "locked" in one_clean_line(done)
 
 
-def test_a_kubernetes_job_is_not_supported_yet(tmp_path: Path) -> None:
-    done = kcover("report", "--job", "team/train", "--state-dir", str(tmp_path))
+def test_a_run_and_a_kubernetes_job_together_is_a_usage_error(tmp_path: Path) -> None:
+    done = kcover("report", "3", "--job", "team/train", "--state-dir", str(tmp_path))
     assert done.returncode == 2
-    assert "not supported yet" in one_clean_line(done)
+    assert "give a run (3) or --job, not both" in one_clean_line(done)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_png_without_chromium_names_what_is_missing_and_keeps_the_html(recorded: dict[str, Any],

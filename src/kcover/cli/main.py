@@ -41,12 +41,14 @@ from kcover.exit_codes import ExitCode
 COMMANDS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "explain": ("kcover.cli.explain_cmd", "explain", {}),
     "run": ("kcover.cli.run_cmd", "run", {"context_settings": {"allow_interspersed_args": False}}),
+    "pod": ("kcover.cli.pod_cmd", "pod", {"context_settings": {"allow_interspersed_args": False}}),
     "history": ("kcover.cli.history_cmd", "history", {}),
     "report": ("kcover.cli.report_cmd", "report", {}),
     "demo": ("kcover.cli.demo_cmd", "demo", {}),
     "agent": ("kcover.cli.k8s_cmd", "agent", {}),
     "operator": ("kcover.cli.k8s_cmd", "operator", {}),
     "status": ("kcover.cli.k8s_cmd", "status", {}),
+    "inject": ("kcover.cli.inject_cmd", "inject", {}),
     "check": ("kcover.cli.check_cmd", "check", {}),
     "preflight": ("kcover.cli.check_cmd", "preflight", {}),
 }

@@ -19,12 +19,17 @@ USER_CODE_RETRIES = "kcover.io/user-code-retries"
 EXCLUDE_NODES = "kcover.io/exclude-nodes"
 GRACE_PERIOD = "kcover.io/grace-period"
 HANG_TIMEOUT = "kcover.io/hang-timeout"  # read by the node agent: seconds without a new step = hung
+IN_PLACE = "kcover.io/in-place"  # "false": never restart this job's workers in place, always its pods
+IN_PLACE_TIMEOUT = "kcover.io/in-place-timeout"  # seconds an in-place restart may take before pods are restarted
 
 # kcover's own records
 RECOVERY = "kcover.io/recovery"
 STATE = "kcover.io/state"
 REASON = "kcover.io/reason"
 POD_FAULTS = "kcover.io/faults"
+POD_STATE = "kcover.io/pod-state"  # the agent's record of what ``kcover pod`` reported (generation, state, step)
+GENERATION = "kcover.io/generation"  # on a pod, written by the operator: the generation its workers must run
+INJECT = "kcover.io/inject"  # on a pod, written by the agent for ``kcover inject``: the order its kcover pod reads
 EVIDENCE_LABEL = "kcover.io/evidence-for"
 
 FIELD_MANAGER = "kcover"

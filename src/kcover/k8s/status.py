@@ -18,27 +18,47 @@ from rich.table import Table
 from kcover.health.quarantine.kube import KubeQuarantine
 from kcover.health.quarantine.policy import ANNOTATION_QUARANTINED, ANNOTATION_SINCE
 from kcover.k8s.health_request import health_record
-from kcover.k8s.kinds import BATCH_JOB, KINDS
+from kcover.k8s.kinds import BATCH_JOB, KINDS, JobKind
 from kcover.k8s.names import OPT_IN_LABEL, OPT_IN_VALUE, RECOVERY, STATE
 from kcover.k8s.operator.record import FailureSummary, RecoveryRecord
+
+
+def list_jobs(api: client.ApiClient, kind: JobKind, selector: str) -> list[dict[str, Any]]:
+    """Jobs of ``kind`` in every namespace, as plain dicts; none when the kind is not installed or not visible."""
+    try:
+        if kind is BATCH_JOB:
+            return [client.ApiClient().sanitize_for_serialization(j)
+                    for j in client.BatchV1Api(api).list_job_for_all_namespaces(label_selector=selector).items]
+        items = client.CustomObjectsApi(api).list_cluster_custom_object(
+            kind.group, kind.version, kind.plural, label_selector=selector)["items"]
+        return list(items)
+    except ApiException as error:
+        if error.status in (403, 404):
+            return []  # kind not installed, or not visible to this user
+        raise
+
+
+def read_job(api: client.ApiClient, kind: JobKind, namespace: str, name: str) -> dict[str, Any] | None:
+    """One job of ``kind`` as a plain dict; ``None`` when there is none (or the kind is not installed/visible)."""
+    try:
+        if kind is BATCH_JOB:
+            found = client.BatchV1Api(api).read_namespaced_job(name, namespace)
+            body: Any = client.ApiClient().sanitize_for_serialization(found)
+        else:
+            body = client.CustomObjectsApi(api).get_namespaced_custom_object(
+                kind.group, kind.version, namespace, kind.plural, name)
+    except ApiException as error:
+        if error.status in (403, 404):
+            return None
+        raise
+    return body if isinstance(body, dict) else None
 
 
 def _jobs(api: client.ApiClient) -> list[dict[str, Any]]:
     selector = f"{OPT_IN_LABEL}={OPT_IN_VALUE}"
     found: list[dict[str, Any]] = []
     for kind in KINDS.values():
-        try:
-            if kind is BATCH_JOB:
-                items = [client.ApiClient().sanitize_for_serialization(j)
-                         for j in client.BatchV1Api(api).list_job_for_all_namespaces(label_selector=selector).items]
-            else:
-                items = client.CustomObjectsApi(api).list_cluster_custom_object(
-                    kind.group, kind.version, kind.plural, label_selector=selector)["items"]
-        except ApiException as error:
-            if error.status in (403, 404):
-                continue  # kind not installed, or not visible to this user
-            raise
-        for body in items:
+        for body in list_jobs(api, kind, selector):
             meta = body["metadata"]
             annotations = meta.get("annotations") or {}
             record = RecoveryRecord.from_annotation(annotations.get(RECOVERY))

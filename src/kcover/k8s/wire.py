@@ -5,15 +5,25 @@ distinct fault on the pod (``kcover.io/faults``), at most :data:`MAX_RECORDS`
 of them, each with its repeat count; the operator reads them back as
 :class:`~kcover.faults.Fault` objects.  No log shipping: only the verdict-relevant
 lines cross the network.
+
+When the pod runs ``kcover pod``, each record also carries the ``generation``
+of the pod's workers it was seen in, and the pod carries
+``kcover.io/pod-state`` (:class:`PodStatus`): the generation its workers run,
+their state, whether they restart in place, and the newest step reported.
+The operator reads a pod's faults of its current generation only
+(:func:`decode` with ``generation``): an in-place restart leaves the pod, and
+its earlier records, in place.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from kcover.faults import Category, Evidence, Fault, Role, Severity
+from kcover.podline import MAX_GENERATION, PodState
 from kcover.report import fault_to_dict
 
 MAX_RECORDS = 20
@@ -37,8 +47,9 @@ def encode(faults: Sequence[Fault]) -> str:
     return json.dumps([fault_record(f) for f in faults[:MAX_RECORDS]], separators=(",", ":"))
 
 
-def decode(text: str | None, remediation: dict[str, str] | None = None) -> list[Fault]:
-    """Faults from an annotation; unreadable records are skipped, never fatal."""
+def decode(text: str | None, remediation: dict[str, str] | None = None, generation: int | None = None) -> list[Fault]:
+    """Faults from an annotation (with ``generation``: those seen in it, or with none recorded); unreadable
+    records are skipped, never fatal."""
     if not text:
         return []
     try:
@@ -47,6 +58,9 @@ def decode(text: str | None, remediation: dict[str, str] | None = None) -> list[
         return []
     faults = []
     for record in records if isinstance(records, list) else []:
+        if generation is not None and isinstance(record, dict) and _step(record.get("generation")) not in (
+                None, generation):
+            continue
         try:
             evidence = Evidence(source=str(record["source"]), line=str(record["line"]),
                                 line_number=record.get("line_number"), timestamp=record.get("timestamp"),
@@ -66,3 +80,32 @@ def decode(text: str | None, remediation: dict[str, str] | None = None) -> list[
 
 def _step(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+@dataclass(frozen=True)
+class PodStatus:
+    """``kcover.io/pod-state``: where a ``kcover pod``'s workers stand, as the agent last read it."""
+
+    generation: int
+    state: PodState
+    in_place: bool = True
+    step: int | None = None
+
+    def encode(self) -> str:
+        return json.dumps({"generation": self.generation, "state": self.state.value, "in_place": self.in_place,
+                           "step": self.step}, separators=(",", ":"))
+
+    @classmethod
+    def decode(cls, text: str | None) -> PodStatus | None:
+        """The status in an annotation; None when absent or unreadable (the pod then counts as without kcover)."""
+        if not text:
+            return None
+        try:
+            raw = json.loads(text)
+            generation = _step(raw["generation"])
+            state = PodState(raw["state"])
+        except (ValueError, KeyError, TypeError):
+            return None
+        if generation is None or not 0 <= generation <= MAX_GENERATION:
+            return None
+        return cls(generation, state, raw.get("in_place") is not False, _step(raw.get("step")))

@@ -82,15 +82,19 @@ def parse_injections(text: str) -> list[Injection]:
     return [_parse_one(part) for part in filter(None, (p.strip() for p in text.split(",")))]
 
 
+def parse_kind(part: str, text: str, known: Sequence[InjectKind] = tuple(InjectKind)) -> InjectKind:
+    """The kind named ``text`` in the spec ``part``, one of ``known``; :class:`InjectError` lists them."""
+    if text in {kind.value for kind in known}:
+        return InjectKind(text)
+    names = ", ".join(k.value for k in known)
+    raise InjectError(f"bad injection {part!r}: unknown kind {text!r} (known: {names})")
+
+
 def _parse_one(part: str) -> Injection:
     match = _SPEC.match(part)
     if not match:
         raise InjectError(f"bad injection {part!r}: {_USAGE}")
-    try:
-        kind = InjectKind(match["kind"])
-    except ValueError:
-        known = ", ".join(k.value for k in InjectKind)
-        raise InjectError(f"bad injection {part!r}: unknown kind {match['kind']!r} (known: {known})") from None
+    kind = parse_kind(part, match["kind"])
     options = dict(option.split("=", 1) for option in match["options"].split(":")[1:])
     unknown = set(options) - {"step", "after", "factor"}
     if unknown or ("step" in options and "after" in options) or len(match["options"].split(":")) - 1 != len(options):

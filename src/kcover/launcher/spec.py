@@ -22,7 +22,7 @@ from pathlib import Path
 from kcover.decide.policy import RecoveryPolicy
 from kcover.decide.straggler_action import StragglerAction
 from kcover.launcher.inject import Injection
-from kcover.launcher.workers import WorkerSpec
+from kcover.launcher.workers import WorkerSpec, torchrun_env
 
 
 class SpecError(ValueError):
@@ -137,13 +137,9 @@ def worker_specs(
         for local_rank in range(spec.nproc_per_node):
             rank = group_rank * spec.nproc_per_node + local_rank
             env = dict(os.environ)
+            env.update(torchrun_env(rank, local_rank, world, spec.nproc_per_node, group_rank, "127.0.0.1",
+                                    master_port, restarts, spec.policy.max_restarts, f"kcover-{attempt}"))
             env.update({
-                "RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(world),
-                "LOCAL_WORLD_SIZE": str(spec.nproc_per_node), "GROUP_RANK": str(group_rank),
-                "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world), "NODE_RANK": str(group_rank),
-                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port),
-                "TORCHELASTIC_RESTART_COUNT": str(restarts), "TORCHELASTIC_MAX_RESTARTS": str(spec.policy.max_restarts),
-                "TORCHELASTIC_RUN_ID": f"kcover-{attempt}", "PYTHONUNBUFFERED": "1",
                 "KCOVER_RANK": str(rank), "KCOVER_NODE": node, "KCOVER_ATTEMPT": str(attempt),
                 "KCOVER_RESTART_COUNT": str(restarts), "KCOVER_STATE_DIR": str(spec.state_dir.resolve()),
                 "KCOVER_CHECKPOINT_DIR": str((spec.state_dir / "checkpoints").resolve()),

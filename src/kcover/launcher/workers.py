@@ -122,6 +122,18 @@ def start_guardian() -> Guardian:
     return Guardian(process)
 
 
+def torchrun_env(rank: int, local_rank: int, world: int, local_world: int, group_rank: int, master_addr: str,
+                 master_port: int, restarts: int, max_restarts: int, run_id: str) -> dict[str, str]:
+    """The variables ``torchrun`` gives each worker, so an unchanged torchrun script runs under kcover."""
+    return {
+        "RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(world),
+        "LOCAL_WORLD_SIZE": str(local_world), "GROUP_RANK": str(group_rank), "ROLE_RANK": str(rank),
+        "ROLE_WORLD_SIZE": str(world), "NODE_RANK": str(group_rank), "MASTER_ADDR": master_addr,
+        "MASTER_PORT": str(master_port), "TORCHELASTIC_RESTART_COUNT": str(restarts),
+        "TORCHELASTIC_MAX_RESTARTS": str(max_restarts), "TORCHELASTIC_RUN_ID": run_id, "PYTHONUNBUFFERED": "1",
+    }
+
+
 @dataclass(frozen=True)
 class WorkerSpec:
     """Everything needed to start one worker."""
@@ -164,8 +176,13 @@ class LaunchError(RuntimeError):
     """The command could not be started (not found, not executable)."""
 
 
-def start_worker(spec: WorkerSpec) -> Worker:
-    """Start one worker in a new session, with a pipe for ``kcover.progress``; it dies with the launcher."""
+def start_worker(spec: WorkerSpec, capture_output: bool = True, pass_fds: tuple[int, ...] = ()) -> Worker:
+    """Start one worker in a new session, with a pipe for ``kcover.progress``; it dies with the launcher.
+
+    Its stdout and stderr are pipes the launcher reads, or (``capture_output`` False: ``kcover pod``, whose
+    own output is the container log) the launcher's own.  ``pass_fds`` are further descriptors it inherits
+    (a warm worker's order pipe, :mod:`kcover.launcher.warm`).
+    """
     progress_read, progress_write = os.pipe()
     env = {**spec.env, "KCOVER_PROGRESS_FD": str(progress_write), LAUNCHER_MARK: launcher_mark()}
     try:
@@ -174,10 +191,10 @@ def start_worker(spec: WorkerSpec) -> Worker:
             env=env,
             cwd=spec.cwd,
             stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stdout=subprocess.PIPE if capture_output else None,
+            stderr=subprocess.PIPE if capture_output else None,
             start_new_session=True,
-            pass_fds=(progress_write,),
+            pass_fds=(progress_write, *pass_fds),
             preexec_fn=die_with_launcher(),  # noqa: PLW1509 - armed from the main thread only, see there
         )
     except OSError as exc:

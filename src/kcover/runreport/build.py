@@ -13,6 +13,7 @@ from pathlib import Path
 from kcover.exit_codes import ExitCode
 from kcover.launcher.history import HistoryError
 from kcover.runreport.load import UnknownRunError, load_run
+from kcover.runreport.model import RunData
 from kcover.runreport.output import ReportError, check_target, write_atomically, write_png
 from kcover.runreport.page import render
 
@@ -39,11 +40,16 @@ def build_report(database: Path, run_id: int | None, target: Path | None, png: b
     except sqlite3.Error as exc:
         raise ReportError(f"cannot read state database {database}: {exc}") from None
     target = target or default_target(database, run.run_dir, run.run_id)
-    page, _ = render(run, str(database))
+    return write_report(run, str(database), target, png)
+
+
+def write_report(run: RunData, source: str, target: Path, png: bool = False) -> list[Path]:
+    """Render ``run`` (read from ``source``) into ``target`` and, with ``png``, its timeline next to it."""
+    page, _ = render(run, source)
     write_atomically(target, page)
     written = [target]
     if png:
-        timeline, height = render(run, str(database), only_timeline=True)
+        timeline, height = render(run, source, only_timeline=True)
         picture = target.with_suffix(".png")
         try:
             write_png(timeline, picture, PNG_WIDTH, int(height + PNG_CHROME))

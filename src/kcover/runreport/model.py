@@ -1,7 +1,7 @@
 """The plain records a report is drawn from: a run, its attempts, faults, progress and the trend.
 
-Built by :mod:`kcover.runreport.load` from the history database (and, later, by
-a Kubernetes reader from a job's records); the drawing modules only read them.
+Built by :mod:`kcover.runreport.load` from the history database and by
+:mod:`kcover.runreport.kube` from a Kubernetes job's records; the drawing modules only read them.
 Times are epoch seconds and always finite: the loader turns ``nan``, infinite or
 missing values into ``None`` so the charts never see them.
 """
@@ -45,6 +45,8 @@ class AttemptRow:
     productive_seconds: float | None = None
     steps: tuple[tuple[float, int], ...] = ()
     checkpoints: tuple[tuple[float, int], ...] = ()
+    kept: tuple[tuple[str, str], ...] = ()
+    """(pod, excerpt) of the log lines the operator kept as evidence of this attempt's failure (Kubernetes)."""
 
 
 @dataclass(frozen=True)
@@ -82,3 +84,10 @@ class RunData:
     faults: tuple[FaultRow, ...]
     trend: tuple[TrendPoint, ...] = ()
     stragglers: tuple[Straggler, ...] = field(default=())
+    title: str = ""
+    """What the page calls the run (default: ``run <run_id>``), e.g. ``Job ns/name``."""
+    notes: tuple[str, ...] = ()
+    """Lines the page shows under its header: what the source did not record, or could not be read."""
+    progress_recorded: bool = True
+    """Whether steps and the moments of each attempt were recorded: when not (a Kubernetes job), the page leaves
+    out ETTR, productive and lost time and step progress rather than showing them as zeros."""

@@ -43,6 +43,8 @@ border-radius:4px}svg text{font:11px system-ui,sans-serif;fill:#333}.grid{stroke
 NOTE_HEIGHT = 60
 """Pixels a note above the timeline may take (for the PNG's window)."""
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
+LIVE = ("running", "restarting")
+"""Outcomes of an attempt not over yet (a Kubernetes job's current attempt)."""
 
 
 def render(run: RunData, source: str, only_timeline: bool = False) -> tuple[str, float]:
@@ -56,8 +58,10 @@ def render(run: RunData, source: str, only_timeline: bool = False) -> tuple[str,
     timeline = draw(run, segments, roots)
     body = [_header(run), _glance(run, spent), _timeline_section(timeline)]
     if not only_timeline:
-        body += [_progress_section(run), _failures(run, roots), _lost_section(spent), _trend_section(run),
-                 _stragglers(run), f'<p class="muted">Built by kcover report from {esc(source)} at '
+        timed = [_progress_section(run)] if run.progress_recorded else []
+        body += [*timed, _failures(run, roots)]
+        body += [_lost_section(spent), _trend_section(run)] if run.progress_recorded else []
+        body += [_stragglers(run), f'<p class="muted">Built by kcover report from {esc(source)} at '
                  f'{esc(time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))}.</p>']
     return _document(run, body), timeline.height + NOTE_HEIGHT * len(timeline.notes)
 
@@ -66,13 +70,19 @@ def _document(run: RunData, body: list[str]) -> str:
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
             f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
             f'<meta name="viewport" content="width=device-width,initial-scale=1">'
-            f'<title>kcover report: run {run.run_id} ({esc(run.status)})</title><style>{STYLE}</style></head>'
+            f'<title>kcover report: {esc(_name(run))} ({esc(run.status)})</title><style>{STYLE}</style></head>'
             f'<body>{"".join(body)}</body></html>\n')
+
+
+def failed_attempts(run: RunData) -> list[AttemptRow]:
+    """The attempts that did not succeed, less the one still going in a run that is still running."""
+    going = run.status == "running"
+    return [a for a in run.attempts if a.outcome != "succeeded" and not (going and a.outcome in LIVE)]
 
 
 def root_indexes(run: RunData) -> set[int]:
     """Indexes in ``run.faults`` of each failed attempt's root cause (the verdict's rule, on its nodes)."""
-    wanted = {a.number: a.verdict for a in run.attempts if a.outcome != "succeeded" and a.verdict.get("rule")}
+    wanted = {a.number: a.verdict for a in failed_attempts(run) if a.verdict.get("rule")}
     found: dict[int, int] = {}
     for index, fault in enumerate(run.faults):
         verdict = wanted.get(fault.attempt)
@@ -84,12 +94,17 @@ def root_indexes(run: RunData) -> set[int]:
     return set(found.values())
 
 
+def _name(run: RunData) -> str:
+    return run.title or f"run {run.run_id}"
+
+
 def _header(run: RunData) -> str:
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(run.started))
     reason = f"<p>{esc(run.reason, LINE_LIMIT)}</p>" if run.reason else ""
-    return (f'<h1>kcover report: run {run.run_id} <span class="status status-{esc(run.status)}">'
+    notes = "".join(f'<p class="note source-note">{esc(note, LINE_LIMIT)}</p>' for note in run.notes)
+    return (f'<h1>kcover report: {esc(_name(run), 400)} <span class="status status-{esc(run.status)}">'
             f'{esc(run.status)}</span></h1><p class="muted">started {esc(started)} · '
-            f'<code>{esc(run.command, LINE_LIMIT)}</code></p>{reason}')
+            f'<code>{esc(run.command, LINE_LIMIT)}</code></p>{reason}{notes}')
 
 
 def _glance(run: RunData, spent: dict[str, float]) -> str:
@@ -97,10 +112,11 @@ def _glance(run: RunData, spent: dict[str, float]) -> str:
     productive = spent["productive"]
     ettr = run.ettr if run.ettr is not None else (productive / wall if wall > 0 else 0.0)
     excluded = ", ".join(run.excluded) or "none"
-    cards = [("ETTR", f'<b id="ettr">{ettr:.2f}</b>'), ("wall time", f"<b>{esc(duration(wall))}</b>"),
+    timed = [("ETTR", f'<b id="ettr">{ettr:.2f}</b>'), ("wall time", f"<b>{esc(duration(wall))}</b>"),
              ("productive", f'<b id="productive">{esc(duration(productive))}</b>'),
-             ("lost", f'<b id="lost">{esc(duration(wall - productive))}</b>'),
-             ("attempts", f"<b>{len(run.attempts)}</b>"), ("restarts", f"<b>{run.restarts}</b>"),
+             ("lost", f'<b id="lost">{esc(duration(wall - productive))}</b>')]
+    cards = [*(timed if run.progress_recorded else timed[1:2]), ("attempts", f"<b>{len(run.attempts)}</b>"),
+             ("restarts", f'<b id="restarts">{run.restarts}</b>'),
              ("excluded nodes", f'<b id="excluded">{esc(excluded, 200)}</b>')]
     return '<div class="cards">' + "".join(f'<div class="card">{html}<span class="muted">{name}</span></div>'
                                            for name, html in cards) + "</div>"
@@ -127,7 +143,7 @@ def _progress_section(run: RunData) -> str:
 
 
 def _failures(run: RunData, roots: set[int]) -> str:
-    failed = [a for a in run.attempts if a.outcome != "succeeded"]
+    failed = failed_attempts(run)
     if not failed:
         return '<h2>Failures</h2><p class="muted">No attempt failed.</p>'
     by_attempt: dict[int, list[tuple[int, FaultRow]]] = {}
@@ -160,7 +176,14 @@ def _failure(attempt: AttemptRow, faults: list[tuple[int, FaultRow]], roots: set
             f'(<code>{esc(verdict.get("rule") or "no rule")}</code>) → {esc(verdict.get("action") or "?")}; '
             f'blamed nodes: {esc(blamed, 400)}. {esc(verdict.get("reason") or "", LINE_LIMIT)}</p>'
             f'<p><b>Decision:</b> {esc(_decision(attempt), LINE_LIMIT)}</p>'
-            f'{fix}<div class="evidence">{lines or "<p class=muted>no evidence recorded</p>"}</div>{more}</div>')
+            f'{fix}<div class="evidence">{lines or "<p class=muted>no evidence recorded</p>"}</div>{more}'
+            f'{_kept(attempt)}</div>')
+
+
+def _kept(attempt: AttemptRow) -> str:
+    """The log lines the operator kept as evidence (Kubernetes: the evidence ConfigMap), per pod."""
+    return "".join(f'<p class="muted">kept by the operator from pod <code>{esc(pod, 253)}</code>:</p>'
+                   f'<pre class="kept-log">{esc(text, 20 * LINE_LIMIT)}</pre>' for pod, text in attempt.kept)
 
 
 def _decision(attempt: AttemptRow) -> str:

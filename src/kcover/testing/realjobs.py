@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -49,26 +50,37 @@ def trainer_job(
     prefer: list[str] | None = None,
     grace: int = 10,
     opted_in: bool = False,
+    in_place: bool = False,
     project_root: Path,
 ) -> dict[str, Any]:
     """An Indexed Job of ``pods`` trainer ranks on ``pool``'s nodes (``prefer``: first choice).
 
     Opted in, it also gets what the README asks of opted-in jobs: a large
     ``backoffLimit`` and a pod failure policy that leaves retries to kcover.
+    ``in_place``: the trainer runs under ``kcover pod``, with the pod's
+    ``kcover.io/generation`` (and ``kcover.io/inject``) mounted as the README
+    shows, so it restarts in place (and takes ``kcover inject``'s orders).
     """
     env = {
         "WORLD_SIZE": str(pods),
         "PYTHONUNBUFFERED": "1",
         "KCOVER_CHECKPOINT_DIR": "/ckpt",
         "MASTER_ADDR": "127.0.0.1",  # host networking on one machine: every rank reaches rank 0 here
-        "MASTER_PORT": str(free_port()),
+        "MASTER_PORT": str(free_port_pair()),
         "GLOO_SOCKET_IFNAME": "lo",
         **(env or {}),
     }
+    trainer = [sys.executable, "-m", TRAINER]
+    command = [sys.executable, "-m", "kcover", "pod", "--grace-period", str(max(1, grace - 2)), "--", *trainer]
     spec = host_runtime_pod(
-        "trainer", [sys.executable, "-m", TRAINER], project_root=project_root,
+        "trainer", command if in_place else trainer, project_root=project_root,
         grace_seconds=grace, env=env, writable={"/ckpt": checkpoints},
     )
+    if in_place:
+        spec["containers"][0]["volumeMounts"].append({"name": "kcover-generation", "mountPath": "/etc/kcover"})
+        spec["volumes"].append({"name": "kcover-generation", "downwardAPI": {"items": [
+            {"path": "generation", "fieldRef": {"fieldPath": "metadata.annotations['kcover.io/generation']"}},
+            {"path": "inject", "fieldRef": {"fieldPath": "metadata.annotations['kcover.io/inject']"}}]}})
     spec["nodeSelector"][POOL_LABEL] = pool.pool_id
     spec["affinity"] = {
         "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
@@ -97,6 +109,19 @@ def trainer_job(
     }
 
 
+def free_port_pair() -> int:
+    """A free port whose next one is free too (``kcover pod`` uses both, one per generation in turn)."""
+    for _ in range(50):
+        port = free_port()
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no two consecutive free ports found")
+
+
 def pods_of(cluster: ClusterCore, namespace: str, job: str) -> list[dict[str, Any]]:
     path = f"/api/v1/namespaces/{namespace}/pods?labelSelector=batch.kubernetes.io/job-name={job}"
     return list(cluster.api.get(path)["items"])
@@ -119,12 +144,16 @@ def last_step(text: str) -> int:
 
 
 def kill_trainers_on(pool: RealNodePool, node: str) -> list[int]:
-    """SIGKILL the trainer processes in ``node``'s containers (found through the node's cgroups)."""
+    """SIGKILL the trainer processes in ``node``'s containers (found through the node's cgroups): started as
+    ``python -m kcover.testing.trainer``, or warm workers of ``kcover pod`` that became one (named ``trainer``).
+    ``kcover pod`` itself and its waiting warm workers are left alone."""
     killed = []
     for pid in node_cleanup.cgroup_pids(pool.nodes[node].cgroup_root):
         try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-            if TRAINER in cmdline:
+            arguments = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+            warm = any(a.endswith("zygote.py") for a in arguments[1:2])
+            if arguments[1:3] == ["-m", TRAINER] or (warm and Path(f"/proc/{pid}/comm").read_text().strip()
+                                                      == TRAINER.rsplit(".", 1)[-1]):
                 os.kill(pid, signal.SIGKILL)
                 killed.append(pid)
         except (FileNotFoundError, ProcessLookupError):

@@ -2,13 +2,15 @@
 
 Run as ``python -m kcover.testing.trainer`` (needs torch; nothing imports it).
 
-Rank and world come from ``JOB_COMPLETION_INDEX`` (an Indexed Job's pod index) or
-``RANK``, and ``WORLD_SIZE``; the ranks meet at ``MASTER_ADDR:MASTER_PORT``.
-Every step is snapshotted to memory (``KCOVER_SHARED_MEMORY``); every
-``PERSIST_EVERY`` steps the snapshot is also written to ``KCOVER_CHECKPOINT_DIR``;
-on SIGTERM the Checkpointer persists the newest snapshot before the process ends.
-It prints ``resumed from step N (source)`` once and ``step N loss X`` per step, then
-sleeps ``STEP_SECONDS``; after ``STEPS`` steps it prints ``done`` and exits 0.
+Rank and world come from ``RANK`` (set by a launcher such as ``kcover pod``) or
+``JOB_COMPLETION_INDEX`` (an Indexed Job's pod index), and ``WORLD_SIZE``; the
+ranks meet at ``MASTER_ADDR:MASTER_PORT``.  Every step is snapshotted to memory
+(``KCOVER_SHARED_MEMORY``); every ``PERSIST_EVERY`` steps the snapshot is also
+written to ``KCOVER_CHECKPOINT_DIR``; on SIGTERM the Checkpointer persists the
+newest snapshot before the process ends.  It prints ``rank R joined the process
+group of W`` after the rendezvous, ``resumed from step N (source)`` once and
+``step N loss X`` per step, then sleeps ``STEP_SECONDS``; after ``STEPS`` steps
+it prints ``done`` and exits 0.
 A hang on demand: when the file ``HANG_FILE`` exists, rank ``HANG_RANK`` removes it
 after step ``HANG_AFTER`` and stops stepping (its peers then wait in the collective).
 """
@@ -28,7 +30,7 @@ from kcover.checkpoint import Checkpointer
 
 
 def main() -> None:
-    rank = int(os.environ.get("JOB_COMPLETION_INDEX", os.environ.get("RANK", "0")))
+    rank = int(os.environ.get("RANK", os.environ.get("JOB_COMPLETION_INDEX", "0")))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     os.environ["RANK"] = str(rank)
     steps = int(os.environ.get("STEPS", "1000"))
@@ -36,6 +38,7 @@ def main() -> None:
     pace = float(os.environ.get("STEP_SECONDS", "0.1"))
     if world > 1:
         dist.init_process_group("gloo", rank=rank, world_size=world)
+        print(f"rank {rank} joined the process group of {world}", flush=True)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
     ddp: nn.Module = nn.parallel.DistributedDataParallel(model) if world > 1 else model

@@ -7,7 +7,10 @@ they set the node condition and are recorded on every opted-in pod of the node
 (the job on a broken node must learn of it).  Progress is read from the step
 numbers in the logs with the launcher's own hang detector: a pod that reported
 steps and then none for the job's ``kcover.io/hang-timeout`` (or the learned
-timeout) gets one ``job.no-progress`` fault.  Offsets are saved after every
+timeout) gets one ``job.no-progress`` fault.  A pod that runs ``kcover pod``
+reports its workers' generations in the same log (:mod:`kcover.podline`): the
+agent records them on the pod (``kcover.io/pod-state``), turns a failed rank's
+exit status into a fault, and starts each new generation afresh.  Offsets are saved after every
 round that read something, so a restart neither misses nor repeats a report.
 """
 
@@ -21,13 +24,17 @@ from pathlib import Path
 from kubernetes import client
 
 from kcover.classify.collector import FaultCollector
+from kcover.classify.exit_codes import describe_exit, rule_for_exit
 from kcover.classify.matcher import Matcher, default_matcher
 from kcover.collect.lines import clean_block
 from kcover.collect.sources import SourceInfo
 from kcover.faults import NO_PROGRESS_RULE, Evidence
+from kcover.k8s.agent.inject import InjectionDesk
 from kcover.k8s.agent.pods import PodDirectory, PodInfo
 from kcover.k8s.agent.report import KubeReporter
 from kcover.k8s.agent.tail import KernelLog, Tailer, find_container_logs
+from kcover.k8s.wire import PodStatus
+from kcover.podline import PREFIX, PodReport, PodState, parse
 from kcover.steps import HangDetector, last_step
 
 POLL_SECONDS = 0.2
@@ -45,6 +52,7 @@ class Agent:
         self.reporter = KubeReporter(api, node)
         self.tailer = Tailer(state_dir / f"offsets-{node}.json")
         self.kernel = KernelLog(kmsg, self.tailer) if kmsg is not None else None
+        self.injections = InjectionDesk(api, node)  # `kcover inject`: FaultInjections for this node
         self.collectors: dict[str, FaultCollector] = {}
         self.progress: dict[str, HangDetector] = {}
         self.hung: set[str] = set()
@@ -87,6 +95,7 @@ class Agent:
             if kernel_block:
                 read_any = True
                 new += self._kernel(clean_block(kernel_block), pods)
+        new += self.injections.serve(pods, self._kernel)
         self.reporter.flush()
         if time.monotonic() - self.swept > SWEEP_SECONDS:  # logs of pods that are gone
             self.swept = time.monotonic()
@@ -97,6 +106,26 @@ class Agent:
         return new
 
     def _scan(self, pod: PodInfo, block: bytes, first: int, container: str) -> int:
+        """Classify a block of the pod's log; ``kcover pod``'s reports in it split it by generation."""
+        if PREFIX.encode() not in block:
+            return self._scan_lines(pod, block, first, container)
+        new = 0
+        segment: list[bytes] = []
+        segment_first = first
+        for number, line in enumerate(block.splitlines(keepends=True), start=first):
+            report = parse(line.decode("utf-8", "replace")) if PREFIX.encode() in line else None
+            if report is None:
+                segment.append(line)
+                continue
+            if segment:
+                new += self._scan_lines(pod, b"".join(segment), segment_first, container)
+            segment, segment_first = [], number + 1
+            new += self._pod_report(pod, report, f"{pod.name}/{container}")
+        if segment:
+            new += self._scan_lines(pod, b"".join(segment), segment_first, container)
+        return new
+
+    def _scan_lines(self, pod: PodInfo, block: bytes, first: int, container: str) -> int:
         collector = self.collectors.setdefault(pod.uid, FaultCollector())
         source = SourceInfo(name=f"{pod.name}/{container}", rank=pod.rank, node=self.node)
         new = 0
@@ -112,7 +141,37 @@ class Agent:
             detector = self.progress.setdefault(pod.uid, HangDetector(time.monotonic(), pod.hang_timeout))
             if detector.observe(step, time.monotonic()):
                 self.hung.discard(pod.uid)
+            record = self.reporter.pods.get(pod.uid)
+            if record is not None and detector.step is not None:
+                record.note_step(detector.step)
         return new
+
+    def _pod_report(self, pod: PodInfo, report: PodReport, source: str) -> int:
+        """What ``kcover pod`` said: a new generation starts afresh (faults, progress, hang); a failed rank's exit
+        status becomes a fault of the generation it failed in."""
+        record = self.reporter.record_for(pod)
+        if record.generation is not None and report.generation < record.generation:
+            return 0  # a line from before the generation this agent already knows of
+        if report.state is PodState.RUNNING and report.generation != record.generation:
+            self.collectors.pop(pod.uid, None)
+            self.progress.pop(pod.uid, None)
+            self.hung.discard(pod.uid)
+        carried = record.status.step if record.status and record.status.generation == report.generation else None
+        step = report.step if report.step is not None else carried  # a new generation starts without one
+        record.set_status(PodStatus(report.generation, report.state, report.in_place, step))
+        if report.state is not PodState.FAILED or report.exit is None:
+            return 0
+        rule = rule_for_exit(self.matcher.rules, report.exit)
+        if rule is None:
+            return 0
+        rank = report.rank if report.rank is not None else pod.rank
+        evidence = Evidence(source=source, line=f"rank {rank}: {describe_exit(report.exit)} in generation "
+                            f"{report.generation}", rank=rank, node=self.node, step=report.step)
+        fault = self.collectors.setdefault(pod.uid, FaultCollector()).add(rule, evidence)
+        if fault is None:
+            return 0
+        self.reporter.new_fault(pod, fault)
+        return 1
 
     def _hangs(self, pods: dict[str, PodInfo], now: float) -> int:
         """Pods that reported steps and then none for the hang timeout: one ``job.no-progress`` fault each."""

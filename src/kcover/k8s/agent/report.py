@@ -14,6 +14,7 @@ import contextlib
 import datetime as dt
 import json
 import time
+from dataclasses import replace
 from typing import Any
 
 from kubernetes import client
@@ -24,7 +25,7 @@ from kcover.faults import Fault, Severity
 from kcover.health.quarantine.kube import KubeQuarantine
 from kcover.k8s import wire
 from kcover.k8s.agent.pods import PodInfo
-from kcover.k8s.names import POD_FAULTS
+from kcover.k8s.names import POD_FAULTS, POD_STATE
 from kcover.timestamps import rfc3339
 
 WRITE_INTERVAL = 1.0
@@ -39,38 +40,75 @@ def _camel(text: str) -> str:
 
 
 class PodRecord:
-    """The faults recorded on one pod: what was there before this agent started, plus new ones."""
+    """The faults recorded on one pod: what was there before this agent started, plus new ones.
 
-    def __init__(self, pod: PodInfo, earlier: list[dict[str, Any]]) -> None:
+    With ``kcover pod`` in the pod, each fault belongs to the generation of the
+    workers it was seen in (:attr:`status`); when the records outgrow
+    :data:`~kcover.k8s.wire.MAX_RECORDS`, the current generation's are kept
+    first and the oldest others dropped.
+    """
+
+    def __init__(self, pod: PodInfo, earlier: list[dict[str, Any]], status: wire.PodStatus | None = None) -> None:
         self.pod = pod
         self.earlier = earlier
-        self.faults: dict[tuple[str, str, str], Fault] = {}
+        self.status = status
+        self.faults: dict[tuple[int | None, str, str, str], tuple[Fault, int | None]] = {}
         self.dirty = False
         self.written = 0.0
 
+    @property
+    def generation(self) -> int | None:
+        return self.status.generation if self.status else None
+
+    def set_status(self, status: wire.PodStatus) -> None:
+        if status != self.status:
+            self.status = status
+            self.dirty = True
+
+    def note_step(self, step: int) -> None:
+        """The generation's newest step, carried by the next write (a step alone is not worth one)."""
+        if self.status is not None and self.status.step != step:
+            self.status = replace(self.status, step=step)
+
     def merge(self, fault: Fault) -> None:
-        key = (fault.evidence.source, fault.rule, fault.evidence.line[:200])
-        self.faults[key] = fault
+        key = (self.generation, fault.evidence.source, fault.rule, fault.evidence.line[:200])
+        self.faults[key] = (fault, self.generation)
         self.dirty = True
 
     def known(self, fault: Fault) -> bool:
-        """True when an earlier agent already reported this fault (same source, rule and line shape)."""
+        """True when an earlier agent already reported this fault (same generation, source, rule, line shape)."""
         shape = line_shape(fault.evidence.line)
-        return any(r.get("source") == fault.evidence.source and r.get("rule") == fault.rule
-                   and line_shape(str(r.get("line", ""))) == shape for r in self.earlier)
+        return any(r.get("generation") == self.generation and r.get("source") == fault.evidence.source
+                   and r.get("rule") == fault.rule and line_shape(str(r.get("line", ""))) == shape
+                   for r in self.earlier)
 
     def records(self) -> list[dict[str, Any]]:
         """Earlier records (counts carried on) followed by this agent's new ones."""
         merged = [dict(r) for r in self.earlier]
-        index = {(r.get("source"), r.get("rule"), line_shape(str(r.get("line", "")))): r for r in merged}
-        for fault in self.faults.values():
+        index = {(r.get("generation"), r.get("source"), r.get("rule"), line_shape(str(r.get("line", "")))): r
+                 for r in merged}
+        for fault, generation in self.faults.values():
             fresh = wire.fault_record(fault)
-            match = index.get((fresh["source"], fresh["rule"], line_shape(fresh["line"])))
+            if generation is not None:
+                fresh["generation"] = generation
+            match = index.get((generation, fresh["source"], fresh["rule"], line_shape(fresh["line"])))
             if match is None:
                 merged.append(fresh)
             else:
                 match["count"] = int(match.get("count", 1)) + fault.count
-        return merged[: wire.MAX_RECORDS]
+        if len(merged) <= wire.MAX_RECORDS:
+            return merged
+        current = [r for r in merged if r.get("generation") == self.generation][: wire.MAX_RECORDS]
+        others = [r for r in merged if r.get("generation") != self.generation]
+        kept = others[len(others) - (wire.MAX_RECORDS - len(current)):] if len(current) < wire.MAX_RECORDS else []
+        return kept + current
+
+    def annotations(self) -> dict[str, str]:
+        """What :meth:`KubeReporter.flush` writes on the pod."""
+        written = {POD_FAULTS: json.dumps(self.records(), separators=(",", ":"))}
+        if self.status is not None:
+            written[POD_STATE] = self.status.encode()
+        return written
 
 
 class KubeReporter:
@@ -83,13 +121,16 @@ class KubeReporter:
         record = self.pods.get(pod.uid)
         if record is None:
             earlier: list[dict[str, Any]] = []
+            status = None
             try:
                 body = self.core.read_namespaced_pod(pod.name, pod.namespace)
-                text = (body.metadata.annotations or {}).get(POD_FAULTS)
+                annotations = body.metadata.annotations or {}
+                text = annotations.get(POD_FAULTS)
+                status = wire.PodStatus.decode(annotations.get(POD_STATE))
                 earlier = json.loads(text) if text else []
             except (ApiException, ValueError):
                 earlier = []
-            record = PodRecord(pod, earlier if isinstance(earlier, list) else [])
+            record = PodRecord(pod, earlier if isinstance(earlier, list) else [], status)
             self.pods[pod.uid] = record
         return record
 
@@ -127,7 +168,7 @@ class KubeReporter:
         for uid, record in list(self.pods.items()):
             if not record.dirty or (not force and now - record.written < WRITE_INTERVAL):
                 continue
-            patch = {"metadata": {"annotations": {POD_FAULTS: json.dumps(record.records(), separators=(",", ":"))}}}
+            patch = {"metadata": {"annotations": record.annotations()}}
             try:
                 self.core.patch_namespaced_pod(record.pod.name, record.pod.namespace, patch)
                 written += 1

@@ -21,6 +21,10 @@ finish it exactly once:
 5. **done** — ``phase: running`` (a suspended job is resumed, and its
    controller starts fresh pods).
 
+An in-place restart (``method: in-place``) replaces steps 3–4: the new
+generation is written on every pod (``kcover.io/generation``), the record moves
+to ``step: ordered``, and it is done when every pod reports running it.
+
 The claim records what steps 2–5 need (pods to replace, failing pods, nodes
 to exclude), and those steps are idempotent, so
 :meth:`~kcover.k8s.operator.reconcile.Reconciler.resume` replays them for a job
@@ -38,6 +42,7 @@ import datetime as dt
 import json
 import logging
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from kubernetes import client
@@ -45,7 +50,7 @@ from kubernetes.client.exceptions import ApiException
 
 from kcover.health.quarantine.kube import KubeQuarantine
 from kcover.health.quarantine.policy import NodeDecision, QuarantinePolicy
-from kcover.k8s.names import EVIDENCE_LABEL, FIELD_MANAGER, REASON, RECOVERY, STATE
+from kcover.k8s.names import EVIDENCE_LABEL, FIELD_MANAGER, GENERATION, REASON, RECOVERY, STATE
 from kcover.k8s.operator.policy import GROUP, PLURAL, VERSION
 from kcover.k8s.operator.reconcile import Conflict
 from kcover.k8s.operator.record import RecoveryRecord
@@ -55,6 +60,7 @@ from kcover.timestamps import rfc3339
 
 log = logging.getLogger("kcover.operator")
 EVIDENCE_LINES = 200
+ORDER_THREADS = 16
 
 
 class Actuator:
@@ -186,6 +192,26 @@ class Actuator:
                 if error.status != 404:
                     raise
         return deleted
+
+    def order_generation(self, pods: Sequence[PodView], generation: int) -> None:
+        """An in-place restart: write the new generation on every pod (``kcover pod`` in each reads it through
+        the downward API), in parallel; pods that already carry it, or are gone, are skipped."""
+        due = [p for p in pods if (p.ordered or 0) < generation]
+        patch = {"metadata": {"annotations": {GENERATION: str(generation)}}}
+
+        def order(pod: PodView) -> None:
+            try:
+                self.core.patch_namespaced_pod(pod.name, pod.namespace, patch, field_manager=FIELD_MANAGER)
+            except ApiException as error:
+                if error.status != 404:
+                    raise
+
+        with ThreadPoolExecutor(max_workers=min(ORDER_THREADS, max(1, len(due)))) as pool:
+            list(pool.map(order, due))
+
+    def write_record(self, job: JobView, record: RecoveryRecord) -> None:
+        """The record of a restart under way, as its steps advance."""
+        self.patch_job(job, {"metadata": {"annotations": {RECOVERY: record.to_annotation()}}})
 
     def finish_restart(self, job: JobView, record: RecoveryRecord) -> None:
         patch: dict[str, Any] = {"metadata": {"annotations": {RECOVERY: record.to_annotation(), STATE: "running"}}}

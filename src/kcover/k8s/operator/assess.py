@@ -22,6 +22,7 @@ from kcover.decide.policy import AttemptEnd, Decision, RecoveryPolicy, RecoveryS
 from kcover.faults import NO_PROGRESS_RULE, Evidence, Verdict
 from kcover.k8s.operator.record import RecoveryRecord
 from kcover.k8s.operator.views import JobView, PodView
+from kcover.podline import PodState
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,9 @@ def current_pods(record: RecoveryRecord, pods: Sequence[PodView]) -> list[PodVie
 
 
 def _pod_failed(pod: PodView) -> bool:
-    return pod.phase == "Failed" or bool(pod.terminations) or any(f.is_fatal for f in pod.faults)
+    """Failed, a container ended badly, a fatal fault, or ``kcover pod`` said a worker failed."""
+    worker_failed = pod.status is not None and pod.status.state is PodState.FAILED
+    return pod.phase == "Failed" or bool(pod.terminations) or worker_failed or any(f.is_fatal for f in pod.faults)
 
 
 def evidence(pods: Sequence[PodView], rules: Sequence[Rule]) -> FaultCollector:

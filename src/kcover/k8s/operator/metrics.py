@@ -6,6 +6,8 @@ from prometheus_client import Counter, Gauge, Histogram
 
 FAULTS = Counter("kcover_faults_total", "Root-cause faults acted on, by category and rule", ["category", "rule"])
 RESTARTS = Counter("kcover_restarts_total", "Job restarts carried out", ["kind"])
+IN_PLACE = Counter("kcover_in_place_restarts_total", "In-place restarts, by outcome (done, or escalated to a "
+                   "restart of the pods)", ["outcome"])
 FAILED = Counter("kcover_failed_jobs_total", "Jobs kcover stopped recovering (fail fast or budget spent)",
                  ["category"])
 QUARANTINED = Gauge("kcover_quarantined_nodes", "Nodes currently quarantined by kcover")

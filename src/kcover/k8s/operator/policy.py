@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kcover.decide.policy import RecoveryPolicy
-from kcover.k8s.names import EXCLUDE_NODES, GRACE_PERIOD, MAX_RESTARTS, USER_CODE_RETRIES
+from kcover.k8s.names import EXCLUDE_NODES, GRACE_PERIOD, IN_PLACE, IN_PLACE_TIMEOUT, MAX_RESTARTS, USER_CODE_RETRIES
 
 GROUP, VERSION, PLURAL = "kcover.io", "v1alpha1", "recoverypolicies"
 
@@ -27,6 +27,10 @@ class JobPolicy:
     grace_period: int = 30
     quarantine_max_share: float = 0.1
     quarantine: bool = True
+    in_place: bool = True
+    """Restart the workers of pods that run ``kcover pod`` in place when no node is blamed."""
+    in_place_timeout: float = 60.0
+    """Seconds from the order until every pod runs the new generation; then its pods are restarted instead."""
 
 
 def from_resource(base: JobPolicy, spec: Mapping[str, Any]) -> JobPolicy:
@@ -45,6 +49,8 @@ def from_resource(base: JobPolicy, spec: Mapping[str, Any]) -> JobPolicy:
         grace_period=int(spec.get("gracePeriodSeconds", base.grace_period)),
         quarantine_max_share=float(spec.get("quarantineMaxShare", base.quarantine_max_share)),
         quarantine=recovery.exclude_nodes,
+        in_place=bool(spec.get("inPlace", base.in_place)),
+        in_place_timeout=float(spec.get("inPlaceTimeoutSeconds", base.in_place_timeout)),
     )
 
 
@@ -80,11 +86,21 @@ def _set_grace_period(policy: JobPolicy, text: str) -> JobPolicy:
     return replace(policy, grace_period=_integer(text, 0, 3600))
 
 
+def _set_in_place(policy: JobPolicy, text: str) -> JobPolicy:
+    return replace(policy, in_place=_boolean(text))
+
+
+def _set_in_place_timeout(policy: JobPolicy, text: str) -> JobPolicy:
+    return replace(policy, in_place_timeout=float(_integer(text, 1, 3600)))
+
+
 SETTERS: dict[str, Callable[[JobPolicy, str], JobPolicy]] = {
     MAX_RESTARTS: _set_max_restarts,
     USER_CODE_RETRIES: _set_user_code_retries,
     EXCLUDE_NODES: _set_exclude_nodes,
     GRACE_PERIOD: _set_grace_period,
+    IN_PLACE: _set_in_place,
+    IN_PLACE_TIMEOUT: _set_in_place_timeout,
 }
 
 

@@ -10,6 +10,11 @@ pods, finish — and nothing else.  Every side effect goes through
 milliseconds, and :mod:`kcover.k8s.operator.main` is only the kopf shell that
 feeds it events.
 
+A job whose pods run ``kcover pod`` and whose failure blames no node is
+restarted *in place* instead (:mod:`kcover.k8s.operator.inplace`): the claim
+names a new generation, the pods are told it, and the restart is done when
+every pod runs it — or escalated to a restart of the pods when one cannot.
+
 The saga's state is the job's :class:`~kcover.k8s.operator.record.RecoveryRecord`;
 each step is idempotent and the claim records everything the later steps need,
 so a new leader that finds a job ``restarting`` replays the rest exactly once
@@ -30,8 +35,8 @@ from kcover.decide.policy import DecisionKind
 from kcover.faults import Role
 from kcover.health.quarantine.policy import NodeAction, NodeDecision
 from kcover.k8s.kinds import BATCH_JOB, JOBSET
-from kcover.k8s.operator import metrics
-from kcover.k8s.operator.assess import Assessment, assess
+from kcover.k8s.operator import inplace, metrics
+from kcover.k8s.operator.assess import Assessment, assess, current_pods
 from kcover.k8s.operator.policy import JobPolicy, from_resource, with_annotations
 from kcover.k8s.operator.record import RecoveryPhase, RecoveryRecord, RestartMethod, RestartStep
 from kcover.k8s.operator.recreate import controlled
@@ -94,6 +99,10 @@ class JobActions(Protocol):
     def replace_job(self, body: dict[str, Any], record: RecoveryRecord) -> None: ...
 
     def finish_replacements(self) -> tuple[list[dict[str, Any]], int]: ...
+
+    def order_generation(self, pods: Sequence[PodView], generation: int) -> None: ...
+
+    def write_record(self, job: JobView, record: RecoveryRecord) -> None: ...
 
 
 @dataclass
@@ -229,10 +238,12 @@ class Reconciler:
             metrics.FAILED.labels(root.category.value if root else "unknown").inc()
             return False
         pods = self.world.pods_of(job)
+        choice = inplace.choose(current_pods(record, pods), verdict, decision.excluded, record, policy)
+        method = RestartMethod.IN_PLACE if choice.order else self._method(job, pods, assessment.failing_pods)
         claimed = record.claimed(
             state, verdict, decision.reason, self.clock.now(), decision.delay, replaced=[p.uid for p in pods],
             failing=assessment.failing_pods, quarantine=decision.excluded if policy.quarantine else (),
-            method=self._method(job, pods, assessment.failing_pods),
+            method=method, why=choice.why, in_place=choice.order,
         )
         self.actions.claim(job, claimed, decision.reason)
         self.failpoint("after-claim")
@@ -253,7 +264,8 @@ class Reconciler:
         if attempt in self.world.prepared:
             return
         decision = record.last.decision if record.last else ""
-        self.actions.event(job, "KcoverRestart", f"restarting: {decision}", warning=True)
+        how = f" ({record.why})" if record.why else ""
+        self.actions.event(job, "KcoverRestart", f"restarting: {decision}{how}", warning=True)
         self.actions.keep_evidence(job, record, self.world.pods_of(job))
         if record.quarantine:
             rule = (record.last.rule if record.last else None) or "fault"
@@ -278,6 +290,8 @@ class Reconciler:
             self._prepare(job, record, policy)
         if not record.due(self.clock.now()):
             return True
+        if record.method is RestartMethod.IN_PLACE:
+            return self._resume_in_place(job, record, policy, started)
         if record.method is RestartMethod.RECREATE and self._replace(job, record, started):
             return False
         pods = self.world.pods_of(job)
@@ -302,6 +316,44 @@ class Reconciler:
         log.info("%s %s/%s: restart %s done, %d pods deleted", job.kind.kind, job.namespace, job.name,
                  record.attempt, deleted)
         return False
+
+    def _resume_in_place(self, job: JobView, record: RecoveryRecord, policy: JobPolicy, started: float | None) -> bool:
+        """Order the new generation on the pods, then wait until every pod runs it (or escalate)."""
+        pods = self.world.pods_of(job)
+        problem = inplace.trouble(record, pods, policy, self.clock.now())
+        if problem is not None:
+            return self._escalate(job, record, policy, pods, problem, started)
+        if record.step is not RestartStep.ORDERED:
+            self.actions.order_generation([p for p in pods if p.uid in record.in_place_pods], record.generation)
+            self.failpoint("after-order")
+            self.actions.write_record(job, record.ordered(self.clock.now()))
+            return True
+        if not inplace.arrived(record, pods):
+            return True
+        self.actions.finish_restart(job, record.completed())
+        metrics.RESTARTS.labels(job.kind.kind).inc()
+        metrics.IN_PLACE.labels("done").inc()
+        if started is not None:
+            metrics.REACTION.observe(self.clock.monotonic() - started)
+        took = (self.clock.now() - record.restarted_at).total_seconds() if record.restarted_at else 0.0
+        self.actions.event(job, "KcoverRestart", f"restarted in place: generation {record.generation} runs in "
+                           f"{len(record.in_place_pods)} pods, {took:.1f}s after the decision")
+        log.info("%s %s/%s: restart %s done in place (generation %s)", job.kind.kind, job.namespace, job.name,
+                 record.attempt, record.generation)
+        return False
+
+    def _escalate(self, job: JobView, record: RecoveryRecord, policy: JobPolicy, pods: Sequence[PodView],
+                  problem: str, started: float | None) -> bool:
+        """An in-place restart that cannot finish: restart the pods instead (same attempt, no second backoff)."""
+        current = [p for p in pods if not p.deleting]
+        method = self._method(job, current, [p.name for p in current])
+        escalated = record.escalated([p.uid for p in current], method, f"pods restarted: {problem}",
+                                     self.clock.now())
+        self.actions.write_record(job, escalated)
+        metrics.IN_PLACE.labels("escalated").inc()
+        self.actions.event(job, "KcoverInPlaceEscalated", f"restarting the pods instead: {problem}", warning=True)
+        log.info("%s %s/%s: in-place restart escalated: %s", job.kind.kind, job.namespace, job.name, problem)
+        return self.resume(job, escalated, policy, started)
 
     @staticmethod
     def _crashed_meanwhile(job: JobView, record: RecoveryRecord, pods: Sequence[PodView]) -> bool:

@@ -47,6 +47,8 @@ class RestartStep(StrEnum):
 
     CLAIMED = "claimed"
     SUSPENDED = "suspended"
+    ORDERED = "ordered"
+    """An in-place restart whose new generation has been written on the pods."""
 
 
 class RestartMethod(StrEnum):
@@ -55,6 +57,8 @@ class RestartMethod(StrEnum):
     NATIVE = "native"
     RECREATE = "recreate"
     RENEW_CHILDREN = "renew-children"
+    IN_PLACE = "in-place"
+    """The pods stay; ``kcover pod`` in each restarts its workers for a new generation."""
 
 
 @dataclass(frozen=True)
@@ -114,6 +118,15 @@ class RecoveryRecord:
     failing: tuple[str, ...] = ()
     quarantine: tuple[str, ...] = ()
     method: RestartMethod = RestartMethod.NATIVE
+    why: str = ""
+    """Why the restart uses its method (in place, or why not)."""
+    generation: int = 0
+    """The newest generation ordered in place (0: never)."""
+    in_place_pods: tuple[str, ...] = ()
+    """The uids of the pods an in-place restart orders (each must reach the new generation)."""
+    in_place_step: int | None = None
+    """The step the last in-place restart's failure came at: a failure that gets no further restarts the pods."""
+    ordered_at: dt.datetime | None = None
     last: FailureSummary | None = None
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
     """Keys this version does not know (written by a newer operator): kept as they were."""
@@ -138,7 +151,9 @@ class RecoveryRecord:
             excluded=_strings(raw.get("excluded")), restarted_at=parse_rfc3339(raw.get("restarted_at")),
             not_before=parse_rfc3339(raw.get("not_before")), replaced=_strings(raw.get("replaced")),
             failing=_strings(raw.get("failing")), quarantine=_strings(raw.get("quarantine", raw.get("exclude"))),
-            method=_enum(RestartMethod, raw.get("method"), RestartMethod.NATIVE),
+            method=_enum(RestartMethod, raw.get("method"), RestartMethod.NATIVE), why=str(raw.get("why") or "")[:500],
+            generation=_int(raw.get("generation"), 0), in_place_pods=_strings(raw.get("in_place_pods")),
+            in_place_step=_optional_int(raw.get("in_place_step")), ordered_at=parse_rfc3339(raw.get("ordered_at")),
             last=FailureSummary.from_dict(last) if isinstance(last, dict) else None,
             extra={k: v for k, v in raw.items() if k not in _KNOWN},
         )
@@ -151,9 +166,16 @@ class RecoveryRecord:
             "excluded": list(self.excluded), "replaced": list(self.replaced), "failing": list(self.failing),
             "quarantine": list(self.quarantine), "method": self.method.value,
         }
+        if self.why:
+            written["why"] = self.why
+        if self.generation:
+            written |= {"generation": self.generation, "in_place_pods": list(self.in_place_pods)}
+        if self.in_place_step is not None:
+            written["in_place_step"] = self.in_place_step
         if self.step is not RestartStep.CLAIMED:
             written["step"] = self.step.value
-        for key, moment in (("restarted_at", self.restarted_at), ("not_before", self.not_before)):
+        for key, moment in (("restarted_at", self.restarted_at), ("not_before", self.not_before),
+                            ("ordered_at", self.ordered_at)):
             if moment is not None:
                 written[key] = rfc3339(moment, "milliseconds")
         if self.last is not None:
@@ -176,14 +198,31 @@ class RecoveryRecord:
     # -- the restart saga's transitions ----------------------------------------------------------
     def claimed(self, state: RecoveryState, verdict: Verdict, decision: str, now: dt.datetime, delay: float,
                 replaced: Sequence[str], failing: Sequence[str], quarantine: Sequence[str],
-                method: RestartMethod) -> RecoveryRecord:
-        """Step 1 of a restart: everything the later steps need, so any replica can replay them."""
-        return replace(
+                method: RestartMethod, why: str = "", in_place: InPlaceOrder | None = None) -> RecoveryRecord:
+        """Step 1 of a restart: everything the later steps need, so any replica can replay them.
+
+        An in-place restart (``in_place``) replaces no pod: it records the generation to order, the pods
+        that must reach it and the step the failure came at; a restart of pods forgets that step.
+        """
+        base = replace(
             self._with_state(state), attempt=self.attempt + 1, phase=RecoveryPhase.RESTARTING,
             step=RestartStep.CLAIMED, restarted_at=now, not_before=now + dt.timedelta(seconds=delay),
-            replaced=tuple(replaced), failing=tuple(failing), quarantine=tuple(quarantine), method=method,
-            last=FailureSummary.of(verdict, decision),
+            replaced=tuple(replaced), failing=tuple(failing), quarantine=tuple(quarantine), method=method, why=why,
+            ordered_at=None, last=FailureSummary.of(verdict, decision),
         )
+        if in_place is None:
+            return replace(base, in_place_pods=(), in_place_step=None)
+        return replace(base, replaced=(), generation=in_place.generation, in_place_pods=in_place.pods,
+                       in_place_step=in_place.step)
+
+    def ordered(self, now: dt.datetime) -> RecoveryRecord:
+        """An in-place restart's generation is written on its pods."""
+        return replace(self, step=RestartStep.ORDERED, ordered_at=now)
+
+    def escalated(self, replaced: Sequence[str], method: RestartMethod, why: str, now: dt.datetime) -> RecoveryRecord:
+        """An in-place restart that could not finish becomes a restart of the pods (same attempt, no backoff)."""
+        return replace(self, step=RestartStep.CLAIMED, method=method, why=why, replaced=tuple(replaced),
+                       not_before=now, in_place_pods=(), in_place_step=None)
 
     def suspended(self) -> RecoveryRecord:
         return replace(self, step=RestartStep.SUSPENDED)
@@ -201,7 +240,17 @@ class RecoveryRecord:
 
 
 _KNOWN = frozenset({"attempt", "phase", "step", "restarts", "failures", "excluded", "restarted_at", "not_before",
-                    "replaced", "failing", "quarantine", "exclude", "method", "last"})
+                    "replaced", "failing", "quarantine", "exclude", "method", "last", "why", "generation",
+                    "in_place_pods", "in_place_step", "ordered_at"})
+
+
+@dataclass(frozen=True)
+class InPlaceOrder:
+    """What an in-place restart orders: the new generation, the pods that must reach it, the failure's step."""
+
+    generation: int
+    pods: tuple[str, ...]
+    step: int | None = None
 
 
 def _past_failure(raw: Mapping[str, Any]) -> PastFailure:
@@ -225,6 +274,10 @@ def _strings(value: object) -> tuple[str, ...]:
 
 def _optional_str(value: object) -> str | None:
     return value if isinstance(value, str) else None
+
+
+def _optional_int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _optional_bool(value: object) -> bool | None:

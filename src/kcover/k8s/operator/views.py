@@ -14,7 +14,8 @@ from typing import Any
 from kcover.faults import Fault
 from kcover.k8s import wire
 from kcover.k8s.kinds import KINDS, JobKind, job_of_pod
-from kcover.k8s.names import OPT_IN_LABEL, OPT_IN_VALUE, POD_FAULTS, RECOVERY
+from kcover.k8s.names import GENERATION, OPT_IN_LABEL, OPT_IN_VALUE, POD_FAULTS, POD_STATE, RECOVERY
+from kcover.podline import MAX_GENERATION
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,17 @@ class PodView:
     rank: int | None
     terminations: tuple[Termination, ...] = ()
     faults: tuple[Fault, ...] = ()
+    """The agent's fault records; with ``kcover pod`` in the pod, those of its current generation only."""
+    status: wire.PodStatus | None = None
+    """What ``kcover pod`` last reported (None: the pod does not run it, or the agent has not read it yet)."""
+    ordered: int | None = None
+    """The generation the operator last ordered on this pod (``kcover.io/generation``)."""
+
+    @property
+    def restartable_in_place(self) -> bool:
+        """Runs ``kcover pod`` with its generation file, and is neither gone nor going."""
+        return (self.status is not None and self.status.in_place and self.phase == "Running"
+                and not self.deleting and not self.terminations)
 
 
 @dataclass(frozen=True)
@@ -77,6 +89,7 @@ def pod_view(body: Mapping[str, Any], remediation: dict[str, str] | None = None)
         if state and state.get("exitCode", 0) != 0:
             terminations.append(Termination(container.get("name", ""), int(state.get("exitCode", 0)),
                                             state.get("reason") or "", state.get("message") or ""))
+    workers = wire.PodStatus.decode(annotations.get(POD_STATE))
     rank_text = annotations.get("batch.kubernetes.io/job-completion-index") or labels.get(
         "training.kubeflow.org/replica-index")
     return PodView(
@@ -85,8 +98,14 @@ def pod_view(body: Mapping[str, Any], remediation: dict[str, str] | None = None)
         deleting=bool(meta.get("deletionTimestamp")),
         job=(owner[0].kind, owner[1]) if owner else None,
         rank=int(rank_text) if rank_text and rank_text.isdigit() else None,
-        terminations=tuple(terminations), faults=tuple(wire.decode(annotations.get(POD_FAULTS), remediation)),
+        terminations=tuple(terminations),
+        faults=tuple(wire.decode(annotations.get(POD_FAULTS), remediation, workers.generation if workers else None)),
+        status=workers, ordered=_number(annotations.get(GENERATION)),
     )
+
+
+def _number(text: str | None) -> int | None:
+    return int(text) if text is not None and text.isdigit() and int(text) <= MAX_GENERATION else None
 
 
 def job_view(kind: str, body: Mapping[str, Any]) -> JobView:

@@ -1,0 +1,42 @@
+"""A worker for ``kcover pod``'s tests: says its generation and port, reports steps, does what files say.
+
+In ``POD_TEST_DIR``: it writes ``pid-<rank>-<generation>``; rank 0 kills itself
+with SIGKILL when ``fail-<generation>`` exists; every rank exits 0 when ``finish``
+exists.  SIGTERM is answered after ``TERM_SECONDS`` (an emergency checkpoint's
+time), with exit 143.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+
+from kcover import sdk
+
+folder = Path(os.environ["POD_TEST_DIR"])
+generation, rank = os.environ["KCOVER_GENERATION"], os.environ["RANK"]
+(folder / f"pid-{rank}-{generation}").write_text(str(os.getpid()))
+print(f"worker rank={rank} generation={generation} port={os.environ['MASTER_PORT']} "
+      f"world={os.environ['WORLD_SIZE']}", flush=True)
+
+
+def on_term(_signum: int, _frame: FrameType | None) -> None:
+    time.sleep(float(os.environ.get("TERM_SECONDS", "0")))
+    print(f"worker rank={rank} saved on SIGTERM", flush=True)
+    sys.exit(143)
+
+
+signal.signal(signal.SIGTERM, on_term)
+step = 0
+while True:
+    step += 1
+    sdk.progress(step)
+    if rank == "0" and (folder / f"fail-{generation}").exists():
+        os.kill(os.getpid(), signal.SIGKILL)
+    if (folder / "finish").exists():
+        sys.exit(0)
+    time.sleep(0.05)
