@@ -112,6 +112,31 @@ def test_budget_is_never_exceeded_and_backoff_grows() -> None:
     assert "retry budget exhausted after 4" in decision.reason
 
 
+@pytest.mark.parametrize("ran_for", [None, 0.0, 599.9, float("nan")])
+def test_quick_failures_keep_their_streak_and_wait_longer(ran_for: float | None) -> None:
+    end = AttemptEnd(explain("RuntimeError: CUDA error: unspecified launch failure\n"), NODES, ran_for=ran_for)
+    policy = RecoveryPolicy(max_restarts=100, backoff_initial=1, backoff_factor=2, backoff_max=60)
+    state, delays = RecoveryState(), []
+    for _ in range(9):
+        decision, state = decide(policy, state, end)
+        delays.append(decision.delay)
+    assert delays == [0, 1, 2, 4, 8, 16, 32, 60, 60] and state.streak == 9
+
+
+def test_a_job_that_ran_long_enough_before_failing_restarts_at_once_and_counts_anew() -> None:
+    """The backoff is for crash loops: a failure after a healthy run (10 minutes by default) starts a new streak,
+    while the retry budget still counts every restart."""
+    fault = explain("RuntimeError: CUDA error: unspecified launch failure\n")
+    policy = RecoveryPolicy(max_restarts=100, backoff_initial=1, backoff_factor=2, backoff_max=60)
+    state = RecoveryState(restarts=8, streak=8)
+    decision, state = decide(policy, state, AttemptEnd(fault, NODES, ran_for=3600.0))
+    assert decision.delay == 0 and state.streak == 1 and state.restarts == 9
+    decision, state = decide(policy, state, AttemptEnd(fault, NODES, ran_for=5.0))
+    assert decision.delay == 1 and state.streak == 2
+    decision, state = decide(policy, state, AttemptEnd(fault, NODES, ran_for=policy.backoff_reset))
+    assert decision.delay == 0 and "restart 11/100" in decision.reason
+
+
 def test_hang_at_the_same_step_twice_is_deterministic() -> None:
     hang = explain("No training progress for 60 s\n")
     first, state = decide(RecoveryPolicy(), RecoveryState(), AttemptEnd(hang, NODES, hung_at_step=30))

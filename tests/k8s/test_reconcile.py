@@ -266,6 +266,21 @@ def test_the_second_restart_waits_out_its_backoff() -> None:
     assert record.restarts == 2 and record.excluded == ("n9", "n0")
 
 
+def test_a_failure_long_after_the_last_restart_is_restarted_at_once_and_the_streak_is_recorded() -> None:
+    clock = FakeClock()
+    reconciler, _ = fake_reconciler(clock)
+    earlier = RecoveryRecord(attempt=8, restarts=7, restarted_at=clock.now() - dt.timedelta(hours=2))
+    assert earlier.state.streak == 7  # a record from an older operator: every restart counts in the streak
+    body = job_body("PyTorchJob", earlier)
+    body["metadata"]["annotations"]["kcover.io/max-restarts"] = "100"
+    job = put(reconciler, job_view("PyTorchJob", body),
+              pod_view(pod_body("p0", XID, "n0", kind_label="training.kubeflow.org/job-name")))
+    assert not reconciler.evaluate(job), "no backoff to wait out"
+    _, record = current(reconciler, job)
+    assert record.restarts == 8 and record.streak == 1 and record.not_before == record.restarted_at
+    assert RecoveryRecord.from_annotation(record.to_annotation()).streak == 1
+
+
 def test_a_batch_job_whose_pods_crashed_is_replaced_and_a_controlled_one_is_not() -> None:
     reconciler, actions = fake_reconciler()
     job = xid_job(reconciler, phase="Failed")

@@ -21,7 +21,10 @@ The rules, in order:
    on Kubernetes the excluded node is quarantined and the scheduler places the
    new pods on any other node; pods that cannot be placed stay Pending, visibly).
 5. Otherwise restart: the first restart at once, then after
-   ``backoff_initial × backoff_factor^(restarts - 1)`` seconds (capped at ``backoff_max``).
+   ``backoff_initial × backoff_factor^(n - 1)`` seconds (capped at ``backoff_max``), where ``n``
+   counts the restarts of the current *streak*: an attempt that ran ``backoff_reset`` seconds
+   (10 minutes) before it failed starts a new streak, so a job that fails once a day is restarted at
+   once every time, while one that keeps crashing waits longer and longer.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ class RecoveryPolicy:
     backoff_initial: float = 1.0
     backoff_factor: float = 2.0
     backoff_max: float = 60.0
+    backoff_reset: float = 600.0
     exclude_nodes: bool = True
     min_nodes: int | None = None
 
@@ -52,6 +56,8 @@ class AttemptEnd:
     verdict: Verdict
     nodes: tuple[str, ...]
     hung_at_step: int | None = None
+    ran_for: float | None = None
+    """Seconds the attempt ran before it failed (None: unknown, the streak goes on)."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +75,8 @@ class RecoveryState:
     failures: tuple[PastFailure, ...] = ()
     excluded: tuple[str, ...] = ()
     spares: tuple[str, ...] = ()
+    streak: int = 0
+    """Restarts since the last attempt that ran ``backoff_reset`` seconds: what the backoff grows with."""
 
 
 class DecisionKind(StrEnum):
@@ -134,12 +142,14 @@ def decide(policy: RecoveryPolicy, state: RecoveryState, end: AttemptEnd) -> tup
         floor = policy.min_nodes if policy.min_nodes is not None else max(len(end.nodes), 1)
         if len(nodes) < floor:
             return fail(f"no healthy node left to replace {', '.join(newly)} (need {floor}); {what}")
-    delay = backoff(policy, state.restarts)
+    healthy = end.ran_for is not None and end.ran_for >= policy.backoff_reset
+    streak = 0 if healthy else state.streak
+    delay = backoff(policy, streak)
     reason = f"restart {state.restarts + 1}/{policy.max_restarts} in {delay:g}s: {what}"
     if newly:
         reason += f"; excluding {', '.join(newly)}"
     decision = Decision(DecisionKind.RESTART, reason, delay=delay, nodes=tuple(nodes), excluded=tuple(newly))
     new_state = replace(
-        remembered, restarts=state.restarts + 1, excluded=tuple(excluded), spares=tuple(spares)
+        remembered, restarts=state.restarts + 1, excluded=tuple(excluded), spares=tuple(spares), streak=streak + 1
     )
     return decision, new_state

@@ -148,7 +148,8 @@ class Supervisor:
             result.status, result.reason = JobPhase.INTERRUPTED, f"kcover received {name}"
             return "interrupted", "", state, plan.nodes
         self.reporter.event("verdict", _verdict_line(ended.verdict))
-        decision, state = decide(self.spec.policy, state, AttemptEnd(ended.verdict, plan.nodes, ended.hung_at))
+        end = AttemptEnd(ended.verdict, plan.nodes, ended.hung_at, ran_for=ended.ended - plan.started)
+        decision, state = decide(self.spec.policy, state, end)
         self.reporter.event("decision", decision.reason)
         if decision.kind is DecisionKind.FAIL:
             life.move(JobPhase.FAILED, time.monotonic())

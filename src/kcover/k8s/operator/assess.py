@@ -75,8 +75,9 @@ def hung_step(verdict: Verdict) -> int | None:
 
 
 def assess(job: JobView, pods: Sequence[PodView], rules: Sequence[Rule], policy: RecoveryPolicy,
-           record: RecoveryRecord | None = None) -> Assessment:
-    """Whether the job's current pods failed, the verdict over all of them, and what the policy decides."""
+           record: RecoveryRecord | None = None, ran_for: float | None = None) -> Assessment:
+    """Whether the job's current pods failed, the verdict over all of them, and what the policy decides
+    (``ran_for``: seconds since the job's last restart, when there was one)."""
     record = record if record is not None else RecoveryRecord.from_annotation(job.recovery_annotation)
     current = current_pods(record, pods)
     failing = [p for p in current if _pod_failed(p)]
@@ -84,5 +85,5 @@ def assess(job: JobView, pods: Sequence[PodView], rules: Sequence[Rule], policy:
         return Assessment(failed=False)
     verdict = attribute(evidence(current, rules).faults)
     nodes = tuple(sorted({p.node for p in current if p.node}))
-    decision, new_state = decide(policy, record.state, AttemptEnd(verdict, nodes, hung_step(verdict)))
+    decision, new_state = decide(policy, record.state, AttemptEnd(verdict, nodes, hung_step(verdict), ran_for))
     return Assessment(True, verdict, decision, new_state, tuple(p.name for p in failing))

@@ -42,6 +42,8 @@ def from_resource(base: JobPolicy, spec: Mapping[str, Any]) -> JobPolicy:
         recovery = replace(recovery, user_code_retries=int(spec["userCodeRetries"]))
     if "backoffSeconds" in spec:
         recovery = replace(recovery, backoff_initial=float(spec["backoffSeconds"]))
+    if "backoffResetSeconds" in spec:
+        recovery = replace(recovery, backoff_reset=float(spec["backoffResetSeconds"]))
     if "excludeNodes" in spec:
         recovery = replace(recovery, exclude_nodes=bool(spec["excludeNodes"]))
     return JobPolicy(

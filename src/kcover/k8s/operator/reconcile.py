@@ -171,7 +171,8 @@ class Reconciler:
             return self.resume(job, record, policy)
         if job.suspended:
             return False
-        assessment = assess(job, self.world.pods_of(job), self.rules, policy.recovery, record)
+        since = (self.clock.now() - record.restarted_at).total_seconds() if record.restarted_at else None
+        assessment = assess(job, self.world.pods_of(job), self.rules, policy.recovery, record, since)
         if not assessment.failed:
             self.world.failing_since.pop(job.key, None)  # recovered: a later failure waits for its cause again
             return False

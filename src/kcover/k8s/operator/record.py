@@ -110,6 +110,8 @@ class RecoveryRecord:
     phase: RecoveryPhase = RecoveryPhase.RUNNING
     step: RestartStep = RestartStep.CLAIMED
     restarts: int = 0
+    streak: int | None = None
+    """Restarts since the last healthy run (None in records of older operators: counted as ``restarts``)."""
     failures: tuple[PastFailure, ...] = ()
     excluded: tuple[str, ...] = ()
     restarted_at: dt.datetime | None = None
@@ -147,6 +149,7 @@ class RecoveryRecord:
         return cls(
             attempt=_int(raw.get("attempt"), 1), phase=_enum(RecoveryPhase, raw.get("phase"), RecoveryPhase.RUNNING),
             step=_enum(RestartStep, raw.get("step"), RestartStep.CLAIMED), restarts=_int(raw.get("restarts"), 0),
+            streak=_optional_int(raw.get("streak")),
             failures=tuple(_past_failure(f) for f in _list(raw.get("failures")) if isinstance(f, dict)),
             excluded=_strings(raw.get("excluded")), restarted_at=parse_rfc3339(raw.get("restarted_at")),
             not_before=parse_rfc3339(raw.get("not_before")), replaced=_strings(raw.get("replaced")),
@@ -166,6 +169,8 @@ class RecoveryRecord:
             "excluded": list(self.excluded), "replaced": list(self.replaced), "failing": list(self.failing),
             "quarantine": list(self.quarantine), "method": self.method.value,
         }
+        if self.streak is not None:
+            written["streak"] = self.streak
         if self.why:
             written["why"] = self.why
         if self.generation:
@@ -189,7 +194,8 @@ class RecoveryRecord:
     @property
     def state(self) -> RecoveryState:
         """What the shared decision core needs: restarts so far, past failures, excluded nodes."""
-        return RecoveryState(restarts=self.restarts, failures=self.failures, excluded=self.excluded)
+        return RecoveryState(restarts=self.restarts, failures=self.failures, excluded=self.excluded,
+                             streak=self.restarts if self.streak is None else self.streak)
 
     def due(self, now: dt.datetime) -> bool:
         """Whether a claimed restart's backoff is over."""
@@ -236,11 +242,11 @@ class RecoveryRecord:
 
     def _with_state(self, state: RecoveryState) -> RecoveryRecord:
         return replace(self, restarts=state.restarts, failures=tuple(state.failures)[-MAX_FAILURES:],
-                       excluded=tuple(state.excluded))
+                       excluded=tuple(state.excluded), streak=state.streak)
 
 
-_KNOWN = frozenset({"attempt", "phase", "step", "restarts", "failures", "excluded", "restarted_at", "not_before",
-                    "replaced", "failing", "quarantine", "exclude", "method", "last", "why", "generation",
+_KNOWN = frozenset({"attempt", "phase", "step", "restarts", "streak", "failures", "excluded", "restarted_at",
+                    "not_before", "replaced", "failing", "quarantine", "exclude", "method", "last", "why", "generation",
                     "in_place_pods", "in_place_step", "ordered_at"})
 
 
