@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -85,16 +86,23 @@ def group(tmp_path: Path) -> Iterator[WorkerGroup]:
         while not (tmp_path / f"rank{2 + local}.pids").exists() and time.monotonic() < deadline:
             time.sleep(0.02)
     yield workers
-    workers.stop(0)
-    workers.close()
+    # Not workers.stop(): in a launcher it stops every child of the process, and here that is pytest's
+    # (the session's test cluster included). Each worker's own process group is enough.
+    for worker in workers.workers:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(worker.pid, signal.SIGKILL)
+        worker.process.wait(timeout=10)
+        with contextlib.suppress(OSError):
+            os.close(worker.progress_read)
 
 
 def ended(group: WorkerGroup, worker: Worker) -> int:
+    """The worker's exit status, waited for on its own (``group.poll`` would reap other children of pytest)."""
     deadline = time.monotonic() + 10
-    while worker.exit_code is None and time.monotonic() < deadline:
-        group.poll()
+    while worker.process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert worker.exit_code is not None
+    assert worker.process.returncode is not None
+    worker.exit_code = worker.process.returncode
     return worker.exit_code
 
 

@@ -8,7 +8,11 @@ checkpoint), then SIGKILLs what is left; it runs after a successful attempt too,
 so a background child or a daemon a worker left behind does not outlive it.
 The launcher makes itself a child subreaper, so grandchildren that escape their
 group by ``setsid`` are re-parented to it, found, killed and reaped: no orphan
-or zombie survives.  Adopted orphans that exit during the run are reaped at
+or zombie survives — only in a process that became a subreaper
+(:func:`become_subreaper`): in any other (a library user, a test) the other
+children belong to someone else and are never stopped nor reaped here; a
+stop in a pytest process once took the session's test cluster with it.
+Adopted orphans that exit during the run are reaped at
 every :meth:`WorkerGroup.poll`, never a worker itself (its ``Popen`` does
 that): see :func:`reap_adopted`.
 
@@ -56,12 +60,19 @@ def _libc() -> ctypes.CDLL | None:
 LIBC = _libc()
 
 
+_ADOPTING = {"on": False}
+"""Whether this process became a subreaper: only then are the workers' orphans among its children.  Until then
+(a library user, a test process) every other child is someone else's, never stopped nor reaped here."""
+
+
 def become_subreaper() -> bool:
     """Adopt orphaned descendants (Linux); returns False where unsupported."""
     try:
-        return LIBC is not None and bool(LIBC.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+        adopted = LIBC is not None and bool(LIBC.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
     except AttributeError:
-        return False
+        adopted = False
+    _ADOPTING["on"] = _ADOPTING["on"] or adopted
+    return adopted
 
 
 def launcher_mark() -> str:
@@ -302,7 +313,9 @@ def _alive(pids: Iterable[int]) -> bool:
 
 
 def _descendants(spare: Collection[int]) -> set[int]:
-    """The launcher's live descendants outside ``spare`` and the helpers' own subtrees."""
+    """The launcher's live descendants outside ``spare`` and the helpers' own subtrees (none unless it adopts)."""
+    if not _ADOPTING["on"]:
+        return set()
     found = set()
     for child in psutil.Process().children():
         if child.pid in HELPERS:
@@ -334,6 +347,8 @@ def reap_adopted(spare: Collection[int]) -> int:
     children listed and each other one tried in turn.
     """
     reaped = 0
+    if not _ADOPTING["on"]:
+        return reaped
     while (pid := _waitable_child()) is not None:
         if pid in spare:
             return reaped + sum(_reap(child) for child in _child_pids() if child not in spare)
