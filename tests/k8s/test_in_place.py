@@ -260,3 +260,16 @@ def test_a_pod_that_finished_in_the_new_generation_does_not_escalate() -> None:
     settle(reconciler, clock, job)
     _, record = current(reconciler, job)
     assert record.method is RestartMethod.IN_PLACE and record.phase is RecoveryPhase.RUNNING
+
+
+def test_huge_numbers_in_a_pods_annotations_are_ignored_never_a_crash() -> None:
+    """Anyone who may patch a pod can write its annotations: a number beyond Python's 4,300-digit int() limit in
+    the generation, the faults or the workers' state reads as absent."""
+    body = pod_body("p0", "", "n0")
+    huge = "9" * 5000
+    body["metadata"]["annotations"] |= {"kcover.io/generation": huge, POD_FAULTS: f"[{huge}]",
+                                        POD_STATE: f'{{"generation": {huge}, "state": "running"}}'}
+    view = pod_view(body)
+    assert (view.ordered, view.faults, view.status) == (None, (), None)
+    body["metadata"]["annotations"]["kcover.io/generation"] = "1000000001"
+    assert pod_view(body).ordered is None

@@ -383,7 +383,7 @@ def test_replaced_jobs_announce_their_restart() -> None:
 @pytest.mark.parametrize("annotation", [
     None, "", "not json", "[]", "null", "1e999", '{"attempt": "two", "phase": "exploded", "failures": "x"}',
     '{"attempt": -5, "restarts": true, "excluded": [1, null, "n1"], "not_before": "yesterday", "last": []}',
-    "[" * 100_000,
+    "[" * 100_000, '{"attempt": ' + "9" * 5000 + "}",
 ])
 def test_an_unreadable_record_is_the_empty_record_never_a_crash(annotation: str | None) -> None:
     record = RecoveryRecord.from_annotation(annotation)

@@ -54,7 +54,7 @@ def decode(text: str | None, remediation: dict[str, str] | None = None, generati
         return []
     try:
         records = json.loads(text)
-    except json.JSONDecodeError:
+    except ValueError:  # not JSON, or a number beyond Python's 4,300-digit limit for int()
         return []
     faults = []
     for record in records if isinstance(records, list) else []:

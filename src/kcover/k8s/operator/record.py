@@ -139,7 +139,7 @@ class RecoveryRecord:
         """The record in an annotation's text; the empty record when it is missing or unreadable."""
         try:
             raw = json.loads(text) if text else {}
-        except (json.JSONDecodeError, RecursionError):
+        except (ValueError, RecursionError):  # not JSON, or a number of more than 4,300 digits
             return cls()
         return cls.from_dict(raw) if isinstance(raw, dict) else cls()
 

@@ -105,7 +105,9 @@ def pod_view(body: Mapping[str, Any], remediation: dict[str, str] | None = None)
 
 
 def _number(text: str | None) -> int | None:
-    return int(text) if text is not None and text.isdigit() and int(text) <= MAX_GENERATION else None
+    if text is None or not text.isdigit() or len(text) > len(str(MAX_GENERATION)):
+        return None  # never int() of a huge annotation: beyond 4,300 digits it raises
+    return int(text) if int(text) <= MAX_GENERATION else None
 
 
 def job_view(kind: str, body: Mapping[str, Any]) -> JobView:
