@@ -92,15 +92,3 @@ def parse(text: str) -> PodReport | None:
                      rank=_int(fields.get("rank"), 0, 10**6), exit=_int(fields.get("exit"), -255, 255),
                      step=_int(fields.get("step"), 0, 10**15), reason=reason)
 
-
-def reports(block: bytes) -> list[PodReport]:
-    """Every report in a block of log lines, in order."""
-    if PREFIX.encode() not in block:
-        return []
-    found = []
-    for raw in block.splitlines():
-        if PREFIX.encode() in raw:
-            report = parse(raw.decode("utf-8", "replace"))
-            if report is not None:
-                found.append(report)
-    return found

@@ -104,8 +104,9 @@ class WarmSpares:
         if spare is None or self.python is None:
             return None
         HELPERS.discard(spare.worker.pid)
-        if spare.worker.process.poll() is not None:
+        if spare.worker.process.poll() is not None:  # it died waiting: its pipes closed, the rank starts cold
             os.close(spare.orders)
+            _kill(spare.worker)
             return None
         order = {"env": dict(spec.env), "cwd": str(spec.cwd or os.getcwd()), "kind": self.python.kind,
                  "target": self.python.target, "args": list(self.python.args)}
