@@ -7,13 +7,24 @@ that already exists and needs no permission: its container log, which the node
 agent tails.  Each report is one line::
 
     kcover-pod: generation=2 state=running ranks=4-7 world=16 port=29501
+    kcover-pod: generation=2 state=running step=1180 at=1796198400.25
+    kcover-pod: generation=2 state=running checkpoint=1190 at=1796198412.5
     kcover-pod: generation=2 state=failed rank=5 exit=-9 step=1200
     kcover-pod: generation=2 state=stopped reason=order step=1200
     kcover-pod: generation=2 state=done
     kcover-pod: generation=0 state=running in-place=off reason=no order file /etc/kcover/generation
 
-The agent turns them into the pod's ``kcover.io/pod-state`` annotation and a
-failed rank's exit status into a fault; the operator reads both.  The words
+A ``running`` line is repeated, with ``at`` (epoch seconds), when the
+generation's first step comes and when a newer checkpoint is complete: the
+agent's record of the run's productive time (:mod:`kcover.k8s.progress`).
+Each rank's compute seconds per step (the SDK's ``kcover.timed``, for the
+straggler detector) come in batches of up to :data:`MAX_TIMINGS` steps::
+
+    kcover-pod: generation=2 timing rank=5 from=1180 seconds=0.512,0.498,-,0.503
+
+(``-``: no timing for that step).  The agent turns them into the pod's
+``kcover.io/pod-state`` annotation (timings into ``kcover.io/step-times``) and
+a failed rank's exit status into a fault; the operator reads both.  The words
 avoid what the catalog matches (``exit code N``), so the agent's ordinary scan
 does not count an exit twice.  This module is pure and sits low, so the
 launcher side and the agent side share it without knowing each other.
@@ -50,14 +61,20 @@ class PodReport:
     rank: int | None = None
     exit: int | None = None
     step: int | None = None
+    checkpoint: int | None = None
+    at: float | None = None
+    """When ``step`` (a running generation's first) or ``checkpoint`` came, in epoch seconds."""
     reason: str = ""
 
     def line(self) -> str:
         """The line ``kcover pod`` prints (without the newline)."""
         parts = [f"generation={self.generation}", f"state={self.state.value}"]
-        for key, value in (("rank", self.rank), ("exit", self.exit), ("step", self.step)):
+        for key, value in (("rank", self.rank), ("exit", self.exit), ("step", self.step),
+                           ("checkpoint", self.checkpoint)):
             if value is not None:
                 parts.append(f"{key}={value}")
+        if self.at is not None:
+            parts.append(f"at={self.at:.3f}")
         if not self.in_place:
             parts.append("in-place=off")
         if self.reason:
@@ -90,5 +107,61 @@ def parse(text: str) -> PodReport | None:
         return None
     return PodReport(generation, state, in_place=fields.get("in-place") != "off",
                      rank=_int(fields.get("rank"), 0, 10**6), exit=_int(fields.get("exit"), -255, 255),
-                     step=_int(fields.get("step"), 0, 10**15), reason=reason)
+                     step=_int(fields.get("step"), 0, 10**15), checkpoint=_int(fields.get("checkpoint"), 0, 10**15),
+                     at=_moment(fields.get("at")), reason=reason)
 
+
+def _moment(text: str | None) -> float | None:
+    if text is None or not re.fullmatch(r"\d{1,10}(\.\d{1,6})?", text):
+        return None
+    return float(text)
+
+
+MAX_TIMINGS = 32
+"""Steps per timing line; ``kcover pod`` sends a rank's batch once it is full (or older than a few seconds)."""
+_TIMING = re.compile(r"generation=(\d{1,10}) timing rank=(\d{1,7}) from=(\d{1,15}) seconds=([0-9eE.,+-]{1,600})$")
+
+
+@dataclass(frozen=True)
+class PodTimings:
+    """One rank's compute seconds of consecutive steps from ``first`` (None: not timed)."""
+
+    generation: int
+    rank: int
+    first: int
+    seconds: tuple[float | None, ...]
+
+    def line(self) -> str:
+        values = ",".join("-" if s is None else f"{s:.6g}" for s in self.seconds)
+        return f"{PREFIX}generation={self.generation} timing rank={self.rank} from={self.first} seconds={values}"
+
+    def steps(self) -> list[tuple[int, float]]:
+        """(step, seconds) of each timed step."""
+        return [(self.first + i, s) for i, s in enumerate(self.seconds) if s is not None]
+
+
+def parse_timings(text: str) -> PodTimings | None:
+    """The timings in one log line; None when it is not a timing line (or a value is not a positive finite
+    number of seconds: the whole line is then refused)."""
+    at = text.find(PREFIX)
+    if at < 0:
+        return None
+    found = _TIMING.fullmatch(text[at + len(PREFIX):].rstrip("\r\n"))
+    if found is None:
+        return None
+    generation, rank, first = (int(found.group(i)) for i in (1, 2, 3))
+    values: list[float | None] = []
+    for word in found.group(4).split(","):
+        if word == "-":
+            values.append(None)
+            continue
+        try:
+            seconds = float(word)
+        except ValueError:
+            return None
+        if not 0 < seconds < 1e6:  # nan compares false
+            return None
+        values.append(seconds)
+    if len(values) > MAX_TIMINGS or generation > MAX_GENERATION:
+        return None
+    return PodTimings(generation, rank, first, tuple(values))

@@ -54,6 +54,9 @@ def test_a_crashed_rank_restarts_every_pods_workers_in_place_from_memory(
                                       "the operator's in-place restart")
         assert state["method"] == "in-place" and state["generation"] == 1, state
         assert state["why"] == "in place: no node blamed, 2 pods run kcover pod"
+        # generation 0 was productive from its first step to the checkpoint both pods had (every 5 steps of
+        # 0.15 s; the kill came after step 12): the record keeps it for the job's ETTR
+        assert 0 < state["productive"] < 60 and state["began"], state
         done = test_cluster.wait_for(
             lambda: (p := pods_of(test_cluster, test_namespace, "inplace"))
             and all(x["status"].get("phase") == "Succeeded" for x in p) and p, 180, "both pods to finish")

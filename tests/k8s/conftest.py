@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -96,3 +97,11 @@ def indexed_job(name: str, namespace: str, pods: int, opted_in: bool = True, gpu
             }},
         },
     }
+
+
+def metric_samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
+    """Each sample of metric ``name`` in a Prometheus scrape: its labels (in any order) and its value."""
+    found = []
+    for labels, value in re.findall(rf"^{name}\{{(.*)\}} (\S+)$", text, re.MULTILINE):
+        found.append((dict(re.findall(r'(\w+)="([^"]*)"', labels)), float(value)))
+    return found

@@ -8,13 +8,17 @@ operator's view of that pod then holds the current generation's faults only.
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from kubernetes import client
 from tests.k8s.conftest import Processes, indexed_job, wait_until
 
 from kcover.k8s.operator.views import pod_view
+from kcover.k8s.progress import closed_run
 from kcover.podline import PodReport, PodState
 from kcover.testing import TestCluster
 
@@ -27,20 +31,30 @@ def annotations(core: client.CoreV1Api, namespace: str, pod: str) -> dict[str, s
     return dict(core.read_namespaced_pod(pod, namespace).metadata.annotations or {})
 
 
+def one_pod_with_its_agent(job: str, cluster: TestCluster, core: client.CoreV1Api, batch: client.BatchV1Api,
+                           namespace: str, processes: Processes, tmp_path: Path) -> tuple[str, Callable[..., None]]:
+    """A one-pod Indexed Job, Running on KWOK, with the real agent of its node; its name, and a writer of its
+    container log lines."""
+    batch.create_namespaced_job(namespace, indexed_job(job, namespace, 1))
+    pod = wait_until(lambda: [p for p in core.list_namespaced_pod(namespace).items
+                              if p.status.phase == "Running"], 30, "the pod Running")[0]
+    name = pod.metadata.name
+    processes.start(["agent", "--node", pod.spec.node_name, "--log-root", str(cluster.log_root), "--kmsg", "",
+                     "--state-dir", str(tmp_path / "state"), "--kubeconfig", str(cluster.kubeconfig),
+                     "--health-interval", "0"], tmp_path / "agent.log")
+
+    def write(*lines: str) -> None:
+        cluster.write_container_log(namespace, name, "trainer", list(lines))
+
+    return name, write
+
+
 def test_each_generation_is_recorded_afresh_and_the_operator_judges_the_current_one(
         test_cluster: TestCluster, k8s_api: Any, test_namespace: str, gpu_nodes: list[str],
         kcover_processes: Processes, tmp_path: Path) -> None:
     core, batch = client.CoreV1Api(k8s_api), client.BatchV1Api(k8s_api)
-    batch.create_namespaced_job(test_namespace, indexed_job("gens", test_namespace, 1))
-    pod = wait_until(lambda: [p for p in core.list_namespaced_pod(test_namespace).items
-                              if p.status.phase == "Running"], 30, "the pod Running")[0]
-    name = pod.metadata.name
-    kcover_processes.start(["agent", "--node", pod.spec.node_name, "--log-root", str(test_cluster.log_root),
-                            "--kmsg", "", "--state-dir", str(tmp_path / "state"), "--kubeconfig",
-                            str(test_cluster.kubeconfig), "--health-interval", "0"], tmp_path / "agent.log")
-
-    def write(*lines: str) -> None:
-        test_cluster.write_container_log(test_namespace, name, "trainer", list(lines))
+    name, write = one_pod_with_its_agent("gens", test_cluster, core, batch, test_namespace, kcover_processes,
+                                         tmp_path)
 
     write(PodReport(0, PodState.RUNNING, reason="ranks 0 of 2, port 29500").line(), "step 1 loss 0.5",
           "step 30 loss 0.2", NCCL,
@@ -76,3 +90,45 @@ def test_each_generation_is_recorded_afresh_and_the_operator_judges_the_current_
                        and any("Xid" in r["line"] for r in json.loads(a["kcover.io/faults"])) and a, 30, "the Xid")
     assert json.loads(after["kcover.io/pod-state"]) == {"generation": 1, "state": "running", "in_place": True,
                                                         "step": 31}  # generation 1's own newest step
+
+
+def test_each_run_records_its_first_step_and_newest_checkpoint_for_the_jobs_ettr(
+        test_cluster: TestCluster, k8s_api: Any, test_namespace: str, gpu_nodes: list[str],
+        kcover_processes: Processes, tmp_path: Path) -> None:
+    """``kcover.io/progress``: the first step (``kcover pod``'s own time wins over the agent's reading time when
+    earlier), the newest checkpoint (an older one, or an absurd time, changes nothing wrong), each generation
+    afresh; the operator's view holds the current generation's progress only."""
+    core, batch = client.CoreV1Api(k8s_api), client.BatchV1Api(k8s_api)
+    name, write = one_pod_with_its_agent("runs", test_cluster, core, batch, test_namespace, kcover_processes,
+                                         tmp_path)
+
+    def progress(check: Any, what: str) -> dict[str, Any]:
+        def read() -> dict[str, Any] | None:
+            text = annotations(core, test_namespace, name).get("kcover.io/progress")
+            found = json.loads(text) if text else None
+            return found if found is not None and check(found) else None
+        return wait_until(read, 30, what)
+
+    began = time.time() - 100
+    write(PodReport(0, PodState.RUNNING, reason="ranks 0 of 1").line(), "step 1 loss 0.5")
+    seen = progress(lambda p: p.get("generation") == 0, "generation 0's first step")
+    assert seen["first"] > began + 90 and "checkpoint" not in seen  # the agent's reading time, for now
+    write(PodReport(0, PodState.RUNNING, step=1, at=began).line(),
+          PodReport(0, PodState.RUNNING, checkpoint=20, at=began + 10).line(),
+          PodReport(0, PodState.RUNNING, checkpoint=10, at=began + 20).line())
+    seen = progress(lambda p: p.get("checkpoint") == 20, "the checkpoint of step 20")
+    assert seen == {"first": round(began, 3), "generation": 0, "checkpoint": 20, "checkpoint_at": round(began + 10, 3)}
+    write(PodReport(0, PodState.RUNNING, checkpoint=40, at=1e9).line())  # 2001: absurd, the agent's time instead
+    seen = progress(lambda p: p.get("checkpoint") == 40, "the checkpoint of step 40")
+    assert seen["checkpoint_at"] > began + 90
+    view = pod_view(core.api_client.sanitize_for_serialization(core.read_namespaced_pod(name, test_namespace)))
+    assert view.run is not None and closed_run([view.run]) == pytest.approx(seen["checkpoint_at"] - began, abs=0.01)
+
+    write(PodReport(1, PodState.RUNNING, reason="ranks 0 of 1").line())
+    wait_until(lambda: json.loads(annotations(core, test_namespace, name)["kcover.io/pod-state"])["generation"] == 1,
+               30, "generation 1")
+    view = pod_view(core.api_client.sanitize_for_serialization(core.read_namespaced_pod(name, test_namespace)))
+    assert view.progress is not None and view.run is None  # generation 0's progress is not generation 1's
+    write("step 41 loss 0.1")
+    seen = progress(lambda p: p.get("generation") == 1, "generation 1's first step")
+    assert "checkpoint" not in seen and seen["first"] > began + 90

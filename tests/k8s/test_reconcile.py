@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -66,10 +66,11 @@ class FakeActions:
         self.quarantined: set[str] = set()
         self.bodies: dict[tuple[str, str], dict[str, Any]] = {}
         self.pending: list[dict[str, Any]] = []
+        self.spares = 1
 
     def _write(self, job: JobView, record: RecoveryRecord, suspended: bool | None = None) -> None:
-        annotations = {**job.annotations, RECOVERY: record.to_annotation()}
         current = self.world.jobs.get(job.key, job)
+        annotations = {**current.annotations, RECOVERY: record.to_annotation()}  # a merge patch
         self.world.jobs[job.key] = dataclasses.replace(
             current, annotations=annotations, suspended=current.suspended if suspended is None else suspended,
             resource_version=str(int(current.resource_version or "0") + 1))
@@ -129,6 +130,16 @@ class FakeActions:
     def finish_replacements(self) -> tuple[list[dict[str, Any]], int]:
         done, self.pending = self.pending, []
         return done, 0
+
+    def spare_nodes(self, selector: Mapping[str, str], busy: Collection[str]) -> int:
+        self.calls.append(("spare_nodes", len(busy)))
+        return self.spares
+
+    def note_stragglers(self, job: JobView, text: str) -> None:
+        self.calls.append(("stragglers", text))
+        current = self.world.jobs.get(job.key, job)
+        self.world.jobs[job.key] = dataclasses.replace(current, annotations={**current.annotations,
+                                                                             "kcover.io/stragglers": text})
 
     def order_generation(self, pods: Sequence[PodView], generation: int) -> None:
         self.calls.append(("order", generation))

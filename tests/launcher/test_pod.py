@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from kcover.launcher.pod import read_generation
-from kcover.podline import PodState, parse
+from kcover.podline import MAX_TIMINGS, PodReport, PodState, parse, parse_timings
 from kcover.ports import free_port
 
 WORKER = Path(__file__).parent / "workers" / "pod_worker.py"
@@ -49,8 +49,11 @@ class Pod:
         return self.output.read_text(errors="replace")
 
     def reports(self) -> list[tuple[int, PodState, str]]:
-        found = [parse(line) for line in self.text().splitlines()]
-        return [(r.generation, r.state, r.line()) for r in found if r is not None]
+        """The changes of state (not the running line repeated for a first step or a checkpoint)."""
+        return [(r.generation, r.state, r.line()) for r in self.parsed() if r.at is None]
+
+    def parsed(self) -> list[PodReport]:
+        return [r for r in (parse(line) for line in self.text().splitlines()) if r is not None]
 
     def wait_for(self, words: str, timeout: float = 30) -> None:
         deadline = time.monotonic() + timeout
@@ -90,6 +93,7 @@ def test_an_order_restarts_every_worker_for_the_new_generation_on_the_next_port(
                                                                                  tmp_path: Path) -> None:
     pod = start(pods, tmp_path, term_seconds=0.5)
     pod.wait_for("worker rank=1 generation=0")
+    pod.wait_for("worker rank=0 generation=0")
     first = pod.worker_pids()
     pod.file.write_text("1")
     pod.wait_for("worker rank=1 generation=1")
@@ -103,6 +107,41 @@ def test_an_order_restarts_every_worker_for_the_new_generation_on_the_next_port(
     assert states == [(0, PodState.RUNNING), (0, PodState.STOPPED), (1, PodState.RUNNING), (1, PodState.DONE)]
     stopped = pod.reports()[1][2]
     assert "order for generation 1" in stopped and " step=" in stopped
+
+
+def test_each_generation_reports_its_first_step_and_newer_checkpoints_and_the_last_one_as_it_ends(
+        pods: list[Pod], tmp_path: Path) -> None:
+    """The running line is repeated with ``at`` for a generation's first step and each newer checkpoint (at most
+    every 5 s, the workers checkpoint every second), and a checkpoint not yet said is said before the failure."""
+    began = time.time()
+    pod = start(pods, tmp_path)
+    pod.wait_for("checkpoint=")
+    (tmp_path / "fail-0").touch()
+    pod.wait_for("state=failed")
+    ended = time.time()
+    reports = pod.parsed()
+    firsts = [r for r in reports if r.step is not None and r.state is PodState.RUNNING]
+    checkpoints = [r for r in reports if r.checkpoint is not None]
+    assert len(firsts) == 1 and firsts[0].generation == 0 and firsts[0].at is not None
+    assert began <= firsts[0].at <= ended
+    assert checkpoints and all(r.state is PodState.RUNNING and r.at is not None for r in checkpoints)
+    assert [r.checkpoint % 20 for r in checkpoints] == [0] * len(checkpoints)
+    assert all(firsts[0].at <= r.at <= ended for r in checkpoints if r.at is not None)
+    failed = reports.index(next(r for r in reports if r.state is PodState.FAILED))
+    assert reports[failed - 1].checkpoint is not None  # the generation's last checkpoint, said as it ended
+    assert reports[failed].step is not None and reports[failed].step >= (reports[failed - 1].checkpoint or 0)
+    timed = [t for t in (parse_timings(line) for line in pod.text().splitlines()) if t is not None]
+    for rank in (0, 1):  # every step the rank made in generation 0 was said, in batches of at most 32, in order;
+        # a generation of about 20 steps fills no batch and is younger than 5 s: the steps were said as it ended
+        steps = [step for t in timed if t.rank == rank and t.generation == 0 for step, _ in t.steps()]
+        assert steps == list(range(1, len(steps) + 1)) and len(steps) >= 15
+        assert {seconds for t in timed if t.rank == rank for _, seconds in t.steps()} == {0.01 * (1 + rank)}
+    assert all(len(t.seconds) <= MAX_TIMINGS for t in timed)
+    pod.file.write_text("1")
+    pod.wait_for("generation=1 state=running step=")
+    assert [r.generation for r in pod.parsed() if r.step is not None and r.state is PodState.RUNNING] == [0, 1]
+    (tmp_path / "finish").touch()
+    assert pod.end() == 0
 
 
 def test_the_next_generation_starts_from_warm_workers_that_imported_ahead(pods: list[Pod], tmp_path: Path) -> None:
@@ -202,6 +241,7 @@ def test_a_generation_file_that_is_not_a_number_in_a_file_never_blocks_nor_resta
 def test_sigterm_stops_the_workers_with_their_grace_and_exits_143(pods: list[Pod], tmp_path: Path) -> None:
     pod = start(pods, tmp_path, term_seconds=0.5)
     pod.wait_for("worker rank=1 generation=0")
+    pod.wait_for("worker rank=0 generation=0")  # both answer SIGTERM by now
     workers = pod.worker_pids()
     pod.process.send_signal(signal.SIGTERM)
     assert pod.end() == 143

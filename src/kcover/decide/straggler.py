@@ -102,6 +102,8 @@ class StragglerDetector:
         self.judged = -1
         self.dropped = 0
         """Timings refused: not a positive finite number of seconds, or for a step already judged."""
+        self.expected = 0
+        """Ranks a step needs to be complete, when the caller knows (else: every rank seen so far)."""
         self._warm_residuals: list[float] = []
         self._noise: float | None = None
         self._noise_stale = False
@@ -116,6 +118,11 @@ class StragglerDetector:
         self.pending.setdefault(step, {})[rank] = float(seconds)
         self.newest = max(self.newest, step)
         self._judge_ready()
+
+    def expect(self, ranks: int) -> None:
+        """How many ranks report each step: a step is judged as soon as all have (without it the first steps
+        wait ``lag`` newer steps, since no rank is known yet)."""
+        self.expected = max(0, ranks)
 
     def stragglers(self) -> list[Straggler]:
         """The ranks flagged now, slowest first."""
@@ -150,7 +157,7 @@ class StragglerDetector:
         return bool(state.recent) and state.recent[-1][0] > self.newest - self.config.window
 
     def _judge_ready(self) -> None:
-        expected = len(self.ranks)
+        expected = max(len(self.ranks), self.expected)
         for step in sorted(self.pending):
             times = self.pending[step]
             complete = expected > 1 and len(times) >= expected

@@ -3,11 +3,13 @@
 Everything comes from the records kcover keeps on the objects themselves (the
 job's ``kcover.io/recovery`` annotation, the nodes' ``kcover.io/quarantined``
 and ``kcover.io/health``, the agent's last health run), so any replica, or a
-person with read access, sees the same.
+person with read access, sees the same.  A job's ETTR adds its pods' progress
+(``kcover.io/progress``) to the record's (:mod:`kcover.k8s.operator.ettr`).
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from kubernetes import client
@@ -19,8 +21,11 @@ from kcover.health.quarantine.kube import KubeQuarantine
 from kcover.health.quarantine.policy import ANNOTATION_QUARANTINED, ANNOTATION_SINCE
 from kcover.k8s.health_request import health_record
 from kcover.k8s.kinds import BATCH_JOB, KINDS, JobKind
-from kcover.k8s.names import OPT_IN_LABEL, OPT_IN_VALUE, RECOVERY, STATE
+from kcover.k8s.names import OPT_IN_LABEL, OPT_IN_VALUE, RECOVERY, STATE, STRAGGLERS
+from kcover.k8s.operator import stragglers
+from kcover.k8s.operator.ettr import ettr_of
 from kcover.k8s.operator.record import FailureSummary, RecoveryRecord
+from kcover.k8s.operator.views import PodView, job_view, pod_view
 
 
 def list_jobs(api: client.ApiClient, kind: JobKind, selector: str) -> list[dict[str, Any]]:
@@ -63,13 +68,30 @@ def _jobs(api: client.ApiClient) -> list[dict[str, Any]]:
             annotations = meta.get("annotations") or {}
             record = RecoveryRecord.from_annotation(annotations.get(RECOVERY))
             last = record.last or FailureSummary()
+            ettr = ettr_of(job_view(kind.kind, body), record, _pods(api, kind, meta["namespace"], meta["name"]),
+                           time.time())
             found.append({
                 "kind": kind.kind, "namespace": meta["namespace"], "name": meta["name"],
                 "state": annotations.get(STATE, "watching"), "restarts": record.restarts,
                 "root_cause": last.category, "rule": last.rule, "nodes": list(last.nodes),
                 "reason": last.decision or None,
+                "ettr": round(ettr.ratio, 4) if ettr else None,
+                "productive_seconds": round(ettr.productive, 1) if ettr else None,
+                "wall_seconds": round(ettr.wall, 1) if ettr else None,
+                "stragglers": stragglers.decode(annotations.get(STRAGGLERS)),
             })
     return found
+
+
+def _pods(api: client.ApiClient, kind: JobKind, namespace: str, name: str) -> list[PodView]:
+    """The job's pods (their progress is the live run's productive time); none when they cannot be listed."""
+    try:
+        listed = client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector=kind.selector(name))
+    except ApiException as error:
+        if error.status in (403, 404):
+            return []
+        raise
+    return [pod_view(client.ApiClient().sanitize_for_serialization(pod)) for pod in listed.items]
 
 
 def collect_status(api: client.ApiClient) -> dict[str, Any]:
@@ -83,12 +105,15 @@ def collect_status(api: client.ApiClient) -> dict[str, Any]:
 def print_status(report: dict[str, Any]) -> None:
     console = Console(highlight=False)
     table = Table(title="opted-in jobs", title_justify="left", box=None, header_style="bold")
-    for column in ("kind", "namespace/name", "state", "restarts", "last root cause", "blamed nodes"):
+    for column in ("kind", "namespace/name", "state", "restarts", "ETTR", "last root cause", "blamed nodes",
+                   "stragglers"):
         table.add_column(column, overflow="fold")
     for job in report["jobs"]:
         cause = f"{job['root_cause']} ({job['rule']})" if job["root_cause"] else ""
-        table.add_row(job["kind"], f"{job['namespace']}/{job['name']}", job["state"], str(job["restarts"]), cause,
-                      ", ".join(job["nodes"]))
+        ettr = f"{job['ettr']:.2f}" if job.get("ettr") is not None else "-"
+        slow = ", ".join(f"rank {s['rank']} on {s['node']} {s['slowdown']:.2f}x" for s in job.get("stragglers", []))
+        table.add_row(job["kind"], f"{job['namespace']}/{job['name']}", job["state"], str(job["restarts"]), ettr,
+                      cause, ", ".join(job["nodes"]), slow)
     console.print(table)
     nodes = report["quarantined_nodes"]
     if nodes:

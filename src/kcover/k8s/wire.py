@@ -12,13 +12,15 @@ of the pod's workers it was seen in, and the pod carries
 their state, whether they restart in place, and the newest step reported.
 The operator reads a pod's faults of its current generation only
 (:func:`decode` with ``generation``): an in-place restart leaves the pod, and
-its earlier records, in place.
+its earlier records, in place.  ``kcover.io/step-times`` (:class:`StepTimes`)
+carries the newest compute seconds per step of each of the pod's ranks, for
+the operator's straggler detector.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,6 +84,11 @@ def _step(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def _whole(value: object) -> int | None:
+    step = _step(value)
+    return step if step is not None and step >= 0 else None
+
+
 @dataclass(frozen=True)
 class PodStatus:
     """``kcover.io/pod-state``: where a ``kcover pod``'s workers stand, as the agent last read it."""
@@ -109,3 +116,51 @@ class PodStatus:
         if generation is None or not 0 <= generation <= MAX_GENERATION:
             return None
         return cls(generation, state, raw.get("in_place") is not False, _step(raw.get("step")))
+
+
+MAX_TIMED_STEPS = 32
+"""Newest steps per rank kept in ``kcover.io/step-times`` (the operator reads it at least every few seconds)."""
+MAX_TIMED_RANKS = 64
+"""Ranks per pod kept (8 GPUs per pod is usual; the annotation stays a few kilobytes)."""
+
+
+@dataclass(frozen=True)
+class StepTimes:
+    """``kcover.io/step-times``: each rank's compute seconds of its newest steps, in one generation."""
+
+    generation: int
+    ranks: Mapping[int, Mapping[int, float]]
+    """rank → step → seconds."""
+
+    def encode(self) -> str:
+        ranks = {str(rank): [[step, round(seconds, 6)] for step, seconds in sorted(steps.items())]
+                 for rank, steps in sorted(self.ranks.items())}
+        return json.dumps({"generation": self.generation, "ranks": ranks}, separators=(",", ":"))
+
+    @classmethod
+    def decode(cls, text: str | None) -> StepTimes | None:
+        """The times in an annotation; None when absent or unreadable; bad entries are skipped."""
+        if not text or len(text) > 200_000:
+            return None
+        try:
+            raw = json.loads(text)
+            generation = _whole(raw["generation"])
+            ranks = raw["ranks"]
+        except (ValueError, KeyError, TypeError, RecursionError):
+            return None
+        if generation is None or generation > MAX_GENERATION or not isinstance(ranks, dict):
+            return None
+        found: dict[int, dict[int, float]] = {}
+        for rank_text, pairs in list(ranks.items())[:MAX_TIMED_RANKS]:
+            if not (isinstance(rank_text, str) and rank_text.isdigit() and len(rank_text) <= 7
+                    and isinstance(pairs, list)):
+                continue
+            steps = {}
+            for pair in pairs[-MAX_TIMED_STEPS:]:
+                if (isinstance(pair, list) and len(pair) == 2 and _whole(pair[0]) is not None
+                        and isinstance(pair[1], int | float) and not isinstance(pair[1], bool)
+                        and 0 < pair[1] < 1e6):
+                    steps[pair[0]] = float(pair[1])
+            if steps:
+                found[int(rank_text)] = steps
+        return cls(generation, found)

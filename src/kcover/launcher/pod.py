@@ -26,7 +26,11 @@ its workers instead:
   the pod fails and today's pod-level recovery takes over.
 
 Every change is one ``kcover-pod:`` line on stdout (:mod:`kcover.podline`),
-which the node agent reads from the container log.  The workers' own output
+which the node agent reads from the container log — also a generation's first
+step and each newer checkpoint the workers report (``kcover.checkpointed``),
+from which the job's ETTR is counted (:mod:`kcover.k8s.progress`), and each
+rank's compute seconds per step (``kcover.timed``) in batches, from which the
+operator finds stragglers across pods.  The workers' own output
 goes straight to the container log.  SIGTERM or SIGINT to ``kcover pod``
 (the kubelet deleting the pod) stops the workers with the grace period and
 exits 143; no worker outlives it.
@@ -50,12 +54,16 @@ from types import FrameType
 from kcover.launcher.pod_inject import OrderFile, apply
 from kcover.launcher.warm import DEFAULT_PRELOAD, WarmSpares
 from kcover.launcher.workers import LaunchError, WorkerGroup, WorkerSpec, become_subreaper, start_worker, torchrun_env
-from kcover.podline import MAX_GENERATION, PodReport, PodState
+from kcover.podline import MAX_GENERATION, MAX_TIMINGS, PodReport, PodState, PodTimings
 
 TICK = 0.05
 DEFAULT_GENERATION_FILE = Path("/etc/kcover/generation")
 DEFAULT_MASTER_PORT = 29500
 MAX_RANKS = 1_000_000
+CHECKPOINT_REPORT_SECONDS = 5.0
+"""A newer checkpoint is reported at most this often (a script may report one every step)."""
+TIMING_REPORT_SECONDS = 5.0
+"""A rank's timings wait at most this long for their batch to fill."""
 
 
 class PodSpecError(ValueError):
@@ -200,6 +208,15 @@ class PodSupervisor:
         self.in_place = False
         self.step: int | None = None
         self.stepped = False
+        self.said_first = False
+        self.checkpoint: int | None = None
+        """The newest complete checkpoint of this generation (``kcover.checkpointed``), and when it came."""
+        self.checkpoint_at: float | None = None
+        self.said_checkpoint: int | None = None
+        self.said_checkpoint_at = -math.inf
+        self.timings: dict[int, dict[int, float]] = {}
+        """Each rank's compute seconds per step not yet said (the straggler detector's input, on the operator)."""
+        self.timings_since: dict[int, float] = {}
         self.began = 0.0
         self.warned_bad_file = False
         self.warm = WarmSpares(spec.command, spec.preload) if spec.warm else None
@@ -261,7 +278,9 @@ class PodSupervisor:
                 group.stop(0)
                 group.close()
                 raise
-        self.began, self.stepped = time.monotonic(), False
+        self.began, self.stepped, self.said_first = time.monotonic(), False, False
+        self.checkpoint = self.checkpoint_at = self.said_checkpoint = None
+        self.timings.clear()
         first_rank = spec.node_rank * spec.nproc_per_node
         last = first_rank + spec.nproc_per_node - 1
         ranks = str(first_rank) if last == first_rank else f"{first_rank}-{last}"
@@ -275,6 +294,7 @@ class PodSupervisor:
         """Until this generation ends: None to start the next one, else kcover's exit status."""
         while True:
             self._read_progress(group)
+            self._say_progress()
             for order in self.orders.new():
                 apply(order, group.workers)
             for worker in group.poll():
@@ -282,6 +302,8 @@ class PodSupervisor:
                     assert worker.exit_code is not None
                     return self._failed(group, worker.rank, worker.exit_code)
             if not group.running:
+                self._read_progress(group)
+                self._say_progress(ending=True)
                 self._report(PodState.DONE)
                 return 0
             if self.stop_signal is not None:
@@ -299,6 +321,7 @@ class PodSupervisor:
         """A worker failed: stop the rest, report, wait for an order; None when one came."""
         group.stop(self.spec.restart_grace if self.in_place else self.spec.grace_period)
         self._read_progress(group)
+        self._say_progress(ending=True)
         self._report(PodState.FAILED, rank=rank, exit=code)
         if not self.in_place:
             return exit_status(code)
@@ -318,6 +341,7 @@ class PodSupervisor:
     def _stop_for(self, group: WorkerGroup, ordered: int) -> None:
         seconds = group.stop(self.spec.restart_grace)
         self._read_progress(group)
+        self._say_progress(ending=True)
         self._report(PodState.STOPPED, reason=f"order for generation {ordered}, workers stopped in {seconds:.2f}s")
         self.generation = ordered
 
@@ -335,33 +359,82 @@ class PodSupervisor:
         return ordered if ordered > self.generation else None
 
     def _read_progress(self, group: WorkerGroup) -> None:
-        """The newest step the workers reported through ``kcover.progress`` (read, never blocking)."""
+        """The newest step and checkpoint the workers reported through the SDK (read, never blocking)."""
         for worker in group.workers:
             with contextlib.suppress(BlockingIOError, OSError):
                 while chunk := os.read(worker.progress_read, 65536):
                     for line in chunk.split(b"\n"):
-                        step = _reported_step(line.split())
-                        if step is not None:
-                            self.step = max(self.step or 0, step)
-                            self.stepped = True
+                        self._progress_line(worker.rank, line.split())
 
-    def _report(self, state: PodState, *, rank: int | None = None, exit: int | None = None,
-                reason: str = "", in_place: bool = True) -> None:
-        step = self.step if state in (PodState.FAILED, PodState.STOPPED) else None
+    def _progress_line(self, rank: int, parts: list[bytes]) -> None:
+        if len(parts) == 3 and parts[0] == b"time":
+            self._timed(rank, parts[1], parts[2])
+            return
+        number = parts[-1] if len(parts) == 1 or (len(parts) == 2 and parts[0] == b"ckpt") else b""
+        if not number.isdigit() or len(number) > 15:
+            return  # timing lines and noise
+        step = int(number)
+        self.step = max(self.step or 0, step)
+        self.stepped = True
+        if len(parts) == 2 and step > (self.checkpoint or -1):
+            self.checkpoint, self.checkpoint_at = step, time.time()
+
+    def _timed(self, rank: int, step_text: bytes, seconds_text: bytes) -> None:
+        """A rank's compute seconds of a step (``kcover.timed``), kept until its batch is said."""
+        try:
+            step, seconds = int(step_text), float(seconds_text)
+        except ValueError:
+            return
+        if not (0 <= step <= 10**15 and 0 < seconds < 1e6):
+            return
+        pending = self.timings.setdefault(rank, {})
+        if not pending:
+            self.timings_since[rank] = time.monotonic()
+        pending[step] = seconds
+        while len(pending) > 2 * MAX_TIMINGS:  # a rank timing faster than its batches are said: keep the newest
+            del pending[min(pending)]
+
+    def _say_timings(self, ending: bool) -> None:
+        """At most one batch per rank per tick: a full one, one pending for :data:`TIMING_REPORT_SECONDS`, or
+        every pending one as the generation ends."""
+        now = time.monotonic()
+        for rank, pending in self.timings.items():
+            while pending and (ending or len(pending) >= MAX_TIMINGS
+                               or now - self.timings_since[rank] >= TIMING_REPORT_SECONDS):
+                first = min(pending)
+                steps = [s for s in range(first, first + MAX_TIMINGS) if s in pending]
+                seconds = [pending.get(s) for s in range(first, steps[-1] + 1)]
+                for step in steps:
+                    del pending[step]
+                self.say(PodTimings(self.generation, rank, first, tuple(seconds)).line())
+                self.timings_since[rank] = now
+                if not ending:
+                    break
+
+    def _say_progress(self, ending: bool = False) -> None:
+        """Repeat the running line when the generation's first step came, and (at most every
+        :data:`CHECKPOINT_REPORT_SECONDS`, or as the generation ends) when a newer checkpoint is complete: the
+        run's productive time."""
+        if self.stepped and not self.said_first:
+            self.said_first = True
+            self._report(PodState.RUNNING, step=self.step, at=time.time())
+        now = time.monotonic()
+        if (self.checkpoint is not None and self.checkpoint != self.said_checkpoint
+                and (ending or now - self.said_checkpoint_at >= CHECKPOINT_REPORT_SECONDS)):
+            self.said_checkpoint, self.said_checkpoint_at = self.checkpoint, now
+            self._report(PodState.RUNNING, checkpoint=self.checkpoint, at=self.checkpoint_at)
+        self._say_timings(ending)
+
+    def _report(self, state: PodState, *, rank: int | None = None, exit: int | None = None, reason: str = "",
+                in_place: bool = True, step: int | None = None, checkpoint: int | None = None,
+                at: float | None = None) -> None:
+        if state in (PodState.FAILED, PodState.STOPPED):
+            step = self.step
         self.say(PodReport(self.generation, state, in_place=in_place, rank=rank, exit=exit, step=step,
-                           reason=reason).line())
+                           checkpoint=checkpoint, at=at, reason=reason).line())
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         self.stop_signal = signum
-
-
-def _reported_step(parts: list[bytes]) -> int | None:
-    """The step of a progress line (``N`` or ``ckpt N``); timing lines and noise are None."""
-    if len(parts) == 1 or (len(parts) == 2 and parts[0] == b"ckpt"):
-        number = parts[-1]
-        if number.isdigit() and len(number) <= 15:
-            return int(number)
-    return None
 
 
 def _print(line: str) -> None:

@@ -2,8 +2,8 @@
 
 In ``POD_TEST_DIR``: it writes ``pid-<rank>-<generation>``; rank 0 kills itself
 with SIGKILL when ``fail-<generation>`` exists; every rank exits 0 when ``finish``
-exists.  SIGTERM is answered after ``TERM_SECONDS`` (an emergency checkpoint's
-time), with exit 143.
+exists.  Every step it reports its compute time (rank r: 0.01 × (r + 1) s), every 20th a complete checkpoint.  SIGTERM
+is answered after ``TERM_SECONDS`` (an emergency checkpoint's time), with exit 143.
 """
 
 from __future__ import annotations
@@ -20,8 +20,6 @@ from kcover import sdk
 folder = Path(os.environ["POD_TEST_DIR"])
 generation, rank = os.environ["KCOVER_GENERATION"], os.environ["RANK"]
 (folder / f"pid-{rank}-{generation}").write_text(str(os.getpid()))
-print(f"worker rank={rank} generation={generation} port={os.environ['MASTER_PORT']} "
-      f"world={os.environ['WORLD_SIZE']}", flush=True)
 
 
 def on_term(_signum: int, _frame: FrameType | None) -> None:
@@ -31,10 +29,16 @@ def on_term(_signum: int, _frame: FrameType | None) -> None:
 
 
 signal.signal(signal.SIGTERM, on_term)
+# said once SIGTERM is answered: a test that waits for this line may stop the worker at once
+print(f"worker rank={rank} generation={generation} port={os.environ['MASTER_PORT']} "
+      f"world={os.environ['WORLD_SIZE']}", flush=True)
 step = 0
 while True:
     step += 1
     sdk.progress(step)
+    sdk.step_time(0.01 * (1 + int(rank)), step)  # rank 1 computes twice as long as rank 0
+    if step % 20 == 0:
+        sdk.checkpointed(step)
     if rank == "0" and (folder / f"fail-{generation}").exists():
         os.kill(os.getpid(), signal.SIGKILL)
     if (folder / "finish").exists():

@@ -10,7 +10,11 @@ steps and then none for the job's ``kcover.io/hang-timeout`` (or the learned
 timeout) gets one ``job.no-progress`` fault.  A pod that runs ``kcover pod``
 reports its workers' generations in the same log (:mod:`kcover.podline`): the
 agent records them on the pod (``kcover.io/pod-state``), turns a failed rank's
-exit status into a fault, and starts each new generation afresh.  Offsets are saved after every
+exit status into a fault, and starts each new generation afresh.  When each
+run's first step came and its newest checkpoint go on the pod too
+(``kcover.io/progress``, for the job's ETTR), and so do each rank's newest
+compute seconds per step (``kcover.io/step-times``, for the operator's
+straggler detector).  Offsets are saved after every
 round that read something, so a restart neither misses nor repeats a report.
 """
 
@@ -34,7 +38,7 @@ from kcover.k8s.agent.pods import PodDirectory, PodInfo
 from kcover.k8s.agent.report import KubeReporter
 from kcover.k8s.agent.tail import KernelLog, Tailer, find_container_logs
 from kcover.k8s.wire import PodStatus
-from kcover.podline import PREFIX, PodReport, PodState, parse
+from kcover.podline import PREFIX, PodReport, PodState, parse, parse_timings
 from kcover.steps import HangDetector, last_step
 
 POLL_SECONDS = 0.2
@@ -113,14 +117,19 @@ class Agent:
         segment: list[bytes] = []
         segment_first = first
         for number, line in enumerate(block.splitlines(keepends=True), start=first):
-            report = parse(line.decode("utf-8", "replace")) if PREFIX.encode() in line else None
-            if report is None:
+            text = line.decode("utf-8", "replace") if PREFIX.encode() in line else None
+            timings = parse_timings(text) if text is not None else None
+            report = parse(text) if text is not None and timings is None else None
+            if report is None and timings is None:
                 segment.append(line)
                 continue
             if segment:
                 new += self._scan_lines(pod, b"".join(segment), segment_first, container)
             segment, segment_first = [], number + 1
-            new += self._pod_report(pod, report, f"{pod.name}/{container}")
+            if timings is not None:
+                self.reporter.record_for(pod).timed(timings)
+            elif report is not None:
+                new += self._pod_report(pod, report, f"{pod.name}/{container}")
         if segment:
             new += self._scan_lines(pod, b"".join(segment), segment_first, container)
         return new
@@ -141,8 +150,9 @@ class Agent:
             detector = self.progress.setdefault(pod.uid, HangDetector(time.monotonic(), pod.hang_timeout))
             if detector.observe(step, time.monotonic()):
                 self.hung.discard(pod.uid)
-            record = self.reporter.pods.get(pod.uid)
-            if record is not None and detector.step is not None:
+            record = self.reporter.record_for(pod)
+            record.stepped(time.time())
+            if detector.step is not None:
                 record.note_step(detector.step)
         return new
 
@@ -159,6 +169,12 @@ class Agent:
         carried = record.status.step if record.status and record.status.generation == report.generation else None
         step = report.step if report.step is not None else carried  # a new generation starts without one
         record.set_status(PodStatus(report.generation, report.state, report.in_place, step))
+        if report.state is PodState.RUNNING and (report.step is not None or report.checkpoint is not None):
+            at = _plausible(report.at, time.time())
+            if report.checkpoint is not None:
+                record.checkpointed(report.checkpoint, at)
+            else:
+                record.stepped(at)
         if report.state is not PodState.FAILED or report.exit is None:
             return 0
         rule = rule_for_exit(self.matcher.rules, report.exit)
@@ -204,3 +220,8 @@ class Agent:
             for pod in pods.values():
                 self.reporter.new_fault(pod, fault)
         return new
+
+
+def _plausible(at: float | None, now: float) -> float:
+    """``kcover pod``'s time of a step or checkpoint (its node's clock, like ours), unless absent or absurd."""
+    return at if at is not None and now - 86400 <= at <= now + 60 else now

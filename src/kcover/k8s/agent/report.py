@@ -4,7 +4,9 @@ Each new distinct fault becomes a Kubernetes Event on its pod at once (reason
 ``KcoverFault``, the rule and the evidence line in the message); the pod's
 ``kcover.io/faults`` annotation carries the durable record the operator reads,
 rewritten at most once a second per pod however fast a flood repeats (repeats
-only raise counts).  Node-level faults (the kernel log) also set the node
+only raise counts).  The pod's ``kcover.io/progress`` (when its run's first step
+came, its newest checkpoint: :mod:`kcover.k8s.progress`) rides on the same
+writes.  Node-level faults (the kernel log) also set the node
 condition ``KcoverHealthy=False``.
 """
 
@@ -25,7 +27,9 @@ from kcover.faults import Fault, Severity
 from kcover.health.quarantine.kube import KubeQuarantine
 from kcover.k8s import wire
 from kcover.k8s.agent.pods import PodInfo
-from kcover.k8s.names import POD_FAULTS, POD_STATE
+from kcover.k8s.names import POD_FAULTS, POD_STATE, PROGRESS, STEP_TIMES
+from kcover.k8s.progress import PodProgress
+from kcover.podline import PodTimings
 from kcover.timestamps import rfc3339
 
 WRITE_INTERVAL = 1.0
@@ -48,10 +52,14 @@ class PodRecord:
     first and the oldest others dropped.
     """
 
-    def __init__(self, pod: PodInfo, earlier: list[dict[str, Any]], status: wire.PodStatus | None = None) -> None:
+    def __init__(self, pod: PodInfo, earlier: list[dict[str, Any]], status: wire.PodStatus | None = None,
+                 progress: PodProgress | None = None) -> None:
         self.pod = pod
         self.earlier = earlier
         self.status = status
+        self.progress = progress
+        self.times: dict[int, dict[int, float]] = {}
+        """The current generation's newest compute seconds per rank and step (``kcover.io/step-times``)."""
         self.faults: dict[tuple[int | None, str, str, str], tuple[Fault, int | None]] = {}
         self.dirty = False
         self.written = 0.0
@@ -62,13 +70,45 @@ class PodRecord:
 
     def set_status(self, status: wire.PodStatus) -> None:
         if status != self.status:
+            if self.status is not None and status.generation != self.status.generation:
+                self.times.clear()
             self.status = status
             self.dirty = True
+
+    def timed(self, timings: PodTimings) -> None:
+        """A batch of one rank's compute seconds, when of the current generation; the newest steps are kept."""
+        if timings.generation != self.generation:
+            return
+        if timings.rank not in self.times and len(self.times) >= wire.MAX_TIMED_RANKS:
+            return
+        steps = self.times.setdefault(timings.rank, {})
+        steps.update(timings.steps())
+        for step in sorted(steps)[:-wire.MAX_TIMED_STEPS]:
+            del steps[step]
+        self.dirty = True
 
     def note_step(self, step: int) -> None:
         """The generation's newest step, carried by the next write (a step alone is not worth one)."""
         if self.status is not None and self.status.step != step:
             self.status = replace(self.status, step=step)
+
+    def stepped(self, at: float) -> None:
+        """A step of the pod's current run was seen: the run's first one starts its productive time."""
+        progress = self.progress
+        if progress is None or progress.generation != self.generation:
+            self.progress = PodProgress(at, self.generation)
+            self.dirty = True
+        elif at < progress.first:
+            self.progress = replace(progress, first=at)  # ``kcover pod``'s own time of a step already seen
+            self.dirty = True
+
+    def checkpointed(self, step: int, at: float) -> None:
+        """The workers of the current generation completed a checkpoint of ``step`` at ``at``."""
+        self.stepped(at)
+        assert self.progress is not None
+        if self.progress.checkpoint is None or step > self.progress.checkpoint:
+            self.progress = replace(self.progress, checkpoint=step, checkpoint_at=max(at, self.progress.first))
+            self.dirty = True
 
     def merge(self, fault: Fault) -> None:
         key = (self.generation, fault.evidence.source, fault.rule, fault.evidence.line[:200])
@@ -108,6 +148,10 @@ class PodRecord:
         written = {POD_FAULTS: json.dumps(self.records(), separators=(",", ":"))}
         if self.status is not None:
             written[POD_STATE] = self.status.encode()
+        if self.progress is not None:
+            written[PROGRESS] = self.progress.encode()
+        if self.times and self.generation is not None:
+            written[STEP_TIMES] = wire.StepTimes(self.generation, self.times).encode()
         return written
 
 
@@ -121,16 +165,17 @@ class KubeReporter:
         record = self.pods.get(pod.uid)
         if record is None:
             earlier: list[dict[str, Any]] = []
-            status = None
+            status = progress = None
             try:
                 body = self.core.read_namespaced_pod(pod.name, pod.namespace)
                 annotations = body.metadata.annotations or {}
                 text = annotations.get(POD_FAULTS)
                 status = wire.PodStatus.decode(annotations.get(POD_STATE))
+                progress = PodProgress.decode(annotations.get(PROGRESS))
                 earlier = json.loads(text) if text else []
             except (ApiException, ValueError):
                 earlier = []
-            record = PodRecord(pod, earlier if isinstance(earlier, list) else [], status)
+            record = PodRecord(pod, earlier if isinstance(earlier, list) else [], status, progress)
             self.pods[pod.uid] = record
         return record
 

@@ -41,7 +41,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -49,8 +49,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from kcover.health.quarantine.kube import KubeQuarantine
-from kcover.health.quarantine.policy import NodeDecision, QuarantinePolicy
-from kcover.k8s.names import EVIDENCE_LABEL, FIELD_MANAGER, GENERATION, REASON, RECOVERY, STATE
+from kcover.health.quarantine.policy import ANNOTATION_QUARANTINED, NodeDecision, QuarantinePolicy
+from kcover.k8s.names import EVIDENCE_LABEL, FIELD_MANAGER, GENERATION, REASON, RECOVERY, STATE, STRAGGLERS
 from kcover.k8s.operator.policy import GROUP, PLURAL, VERSION
 from kcover.k8s.operator.reconcile import Conflict
 from kcover.k8s.operator.record import RecoveryRecord
@@ -208,6 +208,23 @@ class Actuator:
 
         with ThreadPoolExecutor(max_workers=min(ORDER_THREADS, max(1, len(due)))) as pool:
             list(pool.map(order, due))
+
+    def note_stragglers(self, job: JobView, text: str) -> None:
+        """The ranks flagged as stragglers now (``kcover.io/stragglers``; not guarded: only this replica writes it)."""
+        self.patch_job(job, {"metadata": {"annotations": {STRAGGLERS: text}}})
+
+    def spare_nodes(self, selector: Mapping[str, str], busy: Collection[str]) -> int:
+        """Nodes a replacement pod could go to: Ready, schedulable, not quarantined, with the labels of the pods'
+        ``nodeSelector``, running none of the job's pods (whether a pod fits there is the scheduler's call)."""
+        labels = ",".join(f"{key}={value}" for key, value in sorted(selector.items()))
+        listed = self.core.list_node(label_selector=labels) if labels else self.core.list_node()
+        spares = 0
+        for node in listed.items:
+            ready = any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
+            quarantined = ANNOTATION_QUARANTINED in (node.metadata.annotations or {})
+            if ready and not node.spec.unschedulable and not quarantined and node.metadata.name not in busy:
+                spares += 1
+        return spares
 
     def write_record(self, job: JobView, record: RecoveryRecord) -> None:
         """The record of a restart under way, as its steps advance."""

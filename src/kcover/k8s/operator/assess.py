@@ -75,15 +75,21 @@ def hung_step(verdict: Verdict) -> int | None:
 
 
 def assess(job: JobView, pods: Sequence[PodView], rules: Sequence[Rule], policy: RecoveryPolicy,
-           record: RecoveryRecord | None = None, ran_for: float | None = None) -> Assessment:
+           record: RecoveryRecord | None = None, ran_for: float | None = None,
+           found: Sequence[tuple[Rule, Evidence]] = ()) -> Assessment:
     """Whether the job's current pods failed, the verdict over all of them, and what the policy decides
-    (``ran_for``: seconds since the job's last restart, when there was one)."""
+    (``ran_for``: seconds since the job's last restart, when there was one; ``found``: faults the operator
+    itself found, such as a straggler to replace, each failing the pod its evidence names)."""
     record = record if record is not None else RecoveryRecord.from_annotation(job.recovery_annotation)
     current = current_pods(record, pods)
-    failing = [p for p in current if _pod_failed(p)]
+    named = {evidence.source for _, evidence in found}
+    failing = [p for p in current if _pod_failed(p) or p.name in named]
     if not failing:
         return Assessment(failed=False)
-    verdict = attribute(evidence(current, rules).faults)
+    collector = evidence(current, rules)
+    for rule, seen in found:
+        collector.add(rule, seen)
+    verdict = attribute(collector.faults)
     nodes = tuple(sorted({p.node for p in current if p.node}))
     decision, new_state = decide(policy, record.state, AttemptEnd(verdict, nodes, hung_step(verdict), ran_for))
     return Assessment(True, verdict, decision, new_state, tuple(p.name for p in failing))

@@ -28,6 +28,7 @@ from kcover.classify.matcher import default_matcher
 from kcover.health.quarantine.kube import KubeQuarantine
 from kcover.k8s.kinds import KINDS
 from kcover.k8s.operator.actuate import Actuator
+from kcover.k8s.operator.ettr import EttrCollector
 from kcover.k8s.operator.leader import LeaderElection
 from kcover.k8s.operator.reconcile import Reconciler, SystemClock, World
 from kcover.k8s.operator.views import job_view, pod_view
@@ -137,11 +138,13 @@ def in_cluster_address(info: kopf.ConnectionInfo | None) -> kopf.ConnectionInfo 
 
 def run(config: Config) -> None:
     """Run the operator until interrupted (``kcover operator``)."""
+    world = World()
     if config.metrics_port:
-        from prometheus_client import start_http_server
+        from prometheus_client import REGISTRY, start_http_server
 
+        REGISTRY.register(EttrCollector(lambda: (list(world.jobs.values()), list(world.pods.values()))))
         start_http_server(config.metrics_port)
     # An explicit identity: kopf would otherwise ask the password database who runs it, and the image's
     # user 65532 is not in it (KeyError: getpwuid(), found by the chart test on real nodes).
-    kopf.run(registry=build_registry(config, World()), clusterwide=True, standalone=True,
+    kopf.run(registry=build_registry(config, world), clusterwide=True, standalone=True,
              identity=cast(Any, config.identity))  # kopf types it as a NewType of str it does not export

@@ -15,3 +15,5 @@ BREAKER = Counter("kcover_quarantine_refused_total", "Quarantines refused by the
 REACTION = Histogram("kcover_detection_to_restart_seconds",
                      "From the operator seeing a failure to the job's pods deleted for restart",
                      buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60))
+STRAGGLER = Gauge("kcover_straggler_slowdown", "A rank computing slower than its own baseline (1.3 = 30% slower), "
+                  "while it is flagged as a straggler", ["namespace", "job", "node", "rank"])

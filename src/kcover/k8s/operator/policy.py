@@ -15,7 +15,17 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kcover.decide.policy import RecoveryPolicy
-from kcover.k8s.names import EXCLUDE_NODES, GRACE_PERIOD, IN_PLACE, IN_PLACE_TIMEOUT, MAX_RESTARTS, USER_CODE_RETRIES
+from kcover.decide.straggler_action import StragglerAction
+from kcover.k8s.names import (
+    EXCLUDE_NODES,
+    GRACE_PERIOD,
+    IN_PLACE,
+    IN_PLACE_TIMEOUT,
+    MAX_RESTARTS,
+    STRAGGLER_ACTION,
+    TOTAL_STEPS,
+    USER_CODE_RETRIES,
+)
 
 GROUP, VERSION, PLURAL = "kcover.io", "v1alpha1", "recoverypolicies"
 
@@ -31,6 +41,10 @@ class JobPolicy:
     """Restart the workers of pods that run ``kcover pod`` in place when no node is blamed."""
     in_place_timeout: float = 60.0
     """Seconds from the order until every pod runs the new generation; then its pods are restarted instead."""
+    straggler_action: StragglerAction = StragglerAction.REPORT
+    """``replace``: restart the job without a straggler's node when a spare node exists and it pays."""
+    total_steps: int | None = None
+    """The job's number of steps (per job only): what finishing at the healthy pace would save."""
 
 
 def from_resource(base: JobPolicy, spec: Mapping[str, Any]) -> JobPolicy:
@@ -53,6 +67,8 @@ def from_resource(base: JobPolicy, spec: Mapping[str, Any]) -> JobPolicy:
         quarantine=recovery.exclude_nodes,
         in_place=bool(spec.get("inPlace", base.in_place)),
         in_place_timeout=float(spec.get("inPlaceTimeoutSeconds", base.in_place_timeout)),
+        straggler_action=StragglerAction(spec.get("stragglerAction", base.straggler_action.value)),
+        total_steps=base.total_steps,
     )
 
 
@@ -96,6 +112,17 @@ def _set_in_place_timeout(policy: JobPolicy, text: str) -> JobPolicy:
     return replace(policy, in_place_timeout=float(_integer(text, 1, 3600)))
 
 
+def _set_straggler_action(policy: JobPolicy, text: str) -> JobPolicy:
+    try:
+        return replace(policy, straggler_action=StragglerAction(text))
+    except ValueError:
+        raise ValueError("must be report or replace") from None
+
+
+def _set_total_steps(policy: JobPolicy, text: str) -> JobPolicy:
+    return replace(policy, total_steps=_integer(text, 1, 10**12))
+
+
 SETTERS: dict[str, Callable[[JobPolicy, str], JobPolicy]] = {
     MAX_RESTARTS: _set_max_restarts,
     USER_CODE_RETRIES: _set_user_code_retries,
@@ -103,6 +130,8 @@ SETTERS: dict[str, Callable[[JobPolicy, str], JobPolicy]] = {
     GRACE_PERIOD: _set_grace_period,
     IN_PLACE: _set_in_place,
     IN_PLACE_TIMEOUT: _set_in_place_timeout,
+    STRAGGLER_ACTION: _set_straggler_action,
+    TOTAL_STEPS: _set_total_steps,
 }
 
 

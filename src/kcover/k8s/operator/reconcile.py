@@ -15,6 +15,12 @@ restarted *in place* instead (:mod:`kcover.k8s.operator.inplace`): the claim
 names a new generation, the pods are told it, and the restart is done when
 every pod runs it — or escalated to a restart of the pods when one cannot.
 
+While a job runs, its pods' step times feed the straggler watch
+(:mod:`kcover.k8s.operator.stragglers`): a slow rank is reported (an Event,
+the ``kcover_straggler_slowdown`` gauge, ``kcover.io/stragglers``) and, with
+``kcover.io/straggler-action: replace``, its node replaced through the same
+saga when that pays — never a failed job for a slow rank.
+
 The saga's state is the job's :class:`~kcover.k8s.operator.record.RecoveryRecord`;
 each step is idempotent and the claim records everything the later steps need,
 so a new leader that finds a job ``restarting`` replays the rest exactly once
@@ -23,26 +29,32 @@ so a new leader that finds a job ``restarting`` replays the rest exactly once
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from kcover.classify.rules import Rule
 from kcover.decide.policy import DecisionKind
-from kcover.faults import Role
+from kcover.decide.straggler_action import StragglerAction, judge_replace
+from kcover.faults import Evidence, Role
 from kcover.health.quarantine.policy import NodeAction, NodeDecision
 from kcover.k8s.kinds import BATCH_JOB, JOBSET
-from kcover.k8s.operator import inplace, metrics
+from kcover.k8s.operator import inplace, metrics, stragglers
 from kcover.k8s.operator.assess import Assessment, assess, current_pods
 from kcover.k8s.operator.policy import JobPolicy, from_resource, with_annotations
 from kcover.k8s.operator.record import RecoveryPhase, RecoveryRecord, RestartMethod, RestartStep
 from kcover.k8s.operator.recreate import controlled
+from kcover.k8s.operator.stragglers import StragglerNews, StragglerWatch, replace_case
 from kcover.k8s.operator.views import JobView, PodView, job_view
+from kcover.k8s.progress import closed_run
 
 log = logging.getLogger("kcover.operator")
+STRAGGLER_RULE = "job.straggler"
+"""The catalog rule of a straggler whose node is replaced: node at fault, so the policy excludes it."""
 SETTLE_SECONDS = 0.3
 CAUSE_GRACE_SECONDS = 3.0  # how long cascade-only evidence waits for the agents' report of a cause
 
@@ -104,6 +116,10 @@ class JobActions(Protocol):
 
     def write_record(self, job: JobView, record: RecoveryRecord) -> None: ...
 
+    def note_stragglers(self, job: JobView, text: str) -> None: ...
+
+    def spare_nodes(self, selector: Mapping[str, str], busy: Collection[str]) -> int: ...
+
 
 @dataclass
 class World:
@@ -140,6 +156,7 @@ class Reconciler:
         self.rules = rules
         self.namespace = namespace
         self.failpoint = failpoint
+        self.stragglers = StragglerWatch()
 
     # -- the loop's entry points -----------------------------------------------------------------
     def evaluate_due(self) -> None:
@@ -165,6 +182,7 @@ class Reconciler:
         """Assess one job and act; True when it should be looked at again soon."""
         record = RecoveryRecord.from_annotation(job.recovery_annotation)
         if record.phase is RecoveryPhase.FAILED or job.finished:
+            self._publish(job, StragglerNews(cleared=self.stragglers.forget(job.key)))
             return False
         policy = self.policy(job)
         if record.phase is RecoveryPhase.RESTARTING:
@@ -175,7 +193,7 @@ class Reconciler:
         assessment = assess(job, self.world.pods_of(job), self.rules, policy.recovery, record, since)
         if not assessment.failed:
             self.world.failing_since.pop(job.key, None)  # recovered: a later failure waits for its cause again
-            return False
+            return self._stragglers(job, record, policy, since)
         if self._awaiting_cause(job, assessment):
             return True
         self.world.failing_since.pop(job.key, None)
@@ -193,6 +211,51 @@ class Reconciler:
             self.actions.event(job, "KcoverRestart", f"created again by kcover: {decision}"
                                " (earlier kcover events are on the replaced Job)", warning=True)
         self.world.recreating = waiting > 0
+
+    def _stragglers(self, job: JobView, record: RecoveryRecord, policy: JobPolicy, since: float | None) -> bool:
+        """Feed the job's step times; with ``replace``, judge each new straggler and restart the job without its
+        node when that pays (True: a restart was claimed, look again)."""
+        pods = current_pods(record, self.world.pods_of(job))
+        news = self.stragglers.look(job, record.attempt, pods)
+        if policy.straggler_action is StragglerAction.REPLACE and news.new:
+            selector = next((dict(p.node_selector) for p in pods if p.node_selector), {})
+            spares = self.actions.spare_nodes(selector, {p.node for p in pods if p.node})
+            judged = []
+            for flagged in news.new:
+                judgement = judge_replace(replace_case(flagged, pods, job, record, policy.total_steps, spares))
+                judged.append(self.stragglers.judged(job.key, replace(flagged, judgement=judgement.reason),
+                                                     judgement.replace))
+            news = replace(news, new=tuple(judged), current=tuple(self.stragglers.jobs[job.key].flagged.values()))
+        self._publish(job, news)
+        chosen = self.stragglers.replacing(job.key)  # kept until claimed: the record's write may conflict
+        rule = next((r for r in self.rules if r.id == STRAGGLER_RULE), None)
+        if chosen is None or rule is None:
+            return False
+        evidence = Evidence(source=chosen.pod, line=chosen.describe(), rank=chosen.rank, node=chosen.node,
+                            step=chosen.since_step)
+        assessment = assess(job, self.world.pods_of(job), self.rules, policy.recovery, record, since,
+                            found=[(rule, evidence)])
+        if assessment.decision is None or assessment.decision.kind is DecisionKind.FAIL:
+            self.stragglers.give_up_replacing(job.key)  # a slow rank never fails a job: reported only
+            self.actions.event(job, "KcoverStraggler", f"rank {chosen.rank}'s node is not replaced: "
+                               f"{assessment.decision.reason if assessment.decision else 'no restart decided'}")
+            return False
+        return self._act(job, record, assessment, policy)
+
+    def _publish(self, job: JobView, news: StragglerNews) -> None:
+        """Stragglers found or recovered: an Event each, the metric, and the job's record of them."""
+        for flagged in news.new:
+            log.info("%s %s/%s: %s", job.kind.kind, job.namespace, job.name, flagged.describe())
+            self.actions.event(job, "KcoverStraggler", flagged.describe(), warning=True)
+        for flagged in news.cleared:
+            with contextlib.suppress(KeyError):
+                metrics.STRAGGLER.remove(job.namespace, job.name, flagged.node, str(flagged.rank))
+            self.actions.event(job, "KcoverStragglerRecovered", f"rank {flagged.rank} (node {flagged.node}) is no "
+                               "longer a straggler")
+        for flagged in news.current:
+            metrics.STRAGGLER.labels(job.namespace, job.name, flagged.node, str(flagged.rank)).set(flagged.slowdown)
+        if news.changed:
+            self.actions.note_stragglers(job, stragglers.encode(news.current))
 
     # -- policy ----------------------------------------------------------------------------------
     def policy(self, job: JobView) -> JobPolicy:
@@ -239,12 +302,15 @@ class Reconciler:
             metrics.FAILED.labels(root.category.value if root else "unknown").inc()
             return False
         pods = self.world.pods_of(job)
-        choice = inplace.choose(current_pods(record, pods), verdict, decision.excluded, record, policy)
+        current = current_pods(record, pods)
+        choice = inplace.choose(current, verdict, decision.excluded, record, policy)
         method = RestartMethod.IN_PLACE if choice.order else self._method(job, pods, assessment.failing_pods)
         claimed = record.claimed(
             state, verdict, decision.reason, self.clock.now(), decision.delay, replaced=[p.uid for p in pods],
             failing=assessment.failing_pods, quarantine=decision.excluded if policy.quarantine else (),
             method=method, why=choice.why, in_place=choice.order,
+            run=closed_run([p.run for p in current]),
+            began=dt.datetime.fromtimestamp(job.created, dt.UTC) if job.created is not None else None,
         )
         self.actions.claim(job, claimed, decision.reason)
         self.failpoint("after-claim")

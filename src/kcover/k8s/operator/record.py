@@ -129,6 +129,11 @@ class RecoveryRecord:
     in_place_step: int | None = None
     """The step the last in-place restart's failure came at: a failure that gets no further restarts the pods."""
     ordered_at: dt.datetime | None = None
+    productive: float = 0.0
+    """Productive seconds of the job's runs that ended in a restart (:mod:`kcover.k8s.progress`)."""
+    began: dt.datetime | None = None
+    """When the job was first created (a batch Job replaced by a restart is created again: its own creation
+    time is later)."""
     last: FailureSummary | None = None
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
     """Keys this version does not know (written by a newer operator): kept as they were."""
@@ -157,6 +162,7 @@ class RecoveryRecord:
             method=_enum(RestartMethod, raw.get("method"), RestartMethod.NATIVE), why=str(raw.get("why") or "")[:500],
             generation=_int(raw.get("generation"), 0), in_place_pods=_strings(raw.get("in_place_pods")),
             in_place_step=_optional_int(raw.get("in_place_step")), ordered_at=parse_rfc3339(raw.get("ordered_at")),
+            productive=_seconds(raw.get("productive")), began=parse_rfc3339(raw.get("began")),
             last=FailureSummary.from_dict(last) if isinstance(last, dict) else None,
             extra={k: v for k, v in raw.items() if k not in _KNOWN},
         )
@@ -179,8 +185,10 @@ class RecoveryRecord:
             written["in_place_step"] = self.in_place_step
         if self.step is not RestartStep.CLAIMED:
             written["step"] = self.step.value
+        if self.productive:
+            written["productive"] = round(self.productive, 3)
         for key, moment in (("restarted_at", self.restarted_at), ("not_before", self.not_before),
-                            ("ordered_at", self.ordered_at)):
+                            ("ordered_at", self.ordered_at), ("began", self.began)):
             if moment is not None:
                 written[key] = rfc3339(moment, "milliseconds")
         if self.last is not None:
@@ -204,8 +212,12 @@ class RecoveryRecord:
     # -- the restart saga's transitions ----------------------------------------------------------
     def claimed(self, state: RecoveryState, verdict: Verdict, decision: str, now: dt.datetime, delay: float,
                 replaced: Sequence[str], failing: Sequence[str], quarantine: Sequence[str],
-                method: RestartMethod, why: str = "", in_place: InPlaceOrder | None = None) -> RecoveryRecord:
+                method: RestartMethod, why: str = "", in_place: InPlaceOrder | None = None,
+                run: float = 0.0, began: dt.datetime | None = None) -> RecoveryRecord:
         """Step 1 of a restart: everything the later steps need, so any replica can replay them.
+
+        The run that failed ends here: its productive seconds (``run``) are added to the job's, and the job's
+        creation (``began``) is kept the first time.
 
         An in-place restart (``in_place``) replaces no pod: it records the generation to order, the pods
         that must reach it and the step the failure came at; a restart of pods forgets that step.
@@ -215,6 +227,7 @@ class RecoveryRecord:
             step=RestartStep.CLAIMED, restarted_at=now, not_before=now + dt.timedelta(seconds=delay),
             replaced=tuple(replaced), failing=tuple(failing), quarantine=tuple(quarantine), method=method, why=why,
             ordered_at=None, last=FailureSummary.of(verdict, decision),
+            productive=self.productive + _seconds(run), began=self.began or began,
         )
         if in_place is None:
             return replace(base, in_place_pods=(), in_place_step=None)
@@ -247,7 +260,7 @@ class RecoveryRecord:
 
 _KNOWN = frozenset({"attempt", "phase", "step", "restarts", "streak", "failures", "excluded", "restarted_at",
                     "not_before", "replaced", "failing", "quarantine", "exclude", "method", "last", "why", "generation",
-                    "in_place_pods", "in_place_step", "ordered_at"})
+                    "in_place_pods", "in_place_step", "ordered_at", "productive", "began"})
 
 
 @dataclass(frozen=True)
@@ -284,6 +297,14 @@ def _optional_str(value: object) -> str | None:
 
 def _optional_int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _seconds(value: object) -> float:
+    """A non-negative finite number of seconds; anything else is 0."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not -1e10 <= value <= 1e10:
+        return 0.0  # compared before float(): a 400-digit integer would overflow it
+    seconds = float(value)
+    return seconds if seconds >= 0 else 0.0
 
 
 def _optional_bool(value: object) -> bool | None:

@@ -14,8 +14,19 @@ from typing import Any
 from kcover.faults import Fault
 from kcover.k8s import wire
 from kcover.k8s.kinds import KINDS, JobKind, job_of_pod
-from kcover.k8s.names import GENERATION, OPT_IN_LABEL, OPT_IN_VALUE, POD_FAULTS, POD_STATE, RECOVERY
+from kcover.k8s.names import (
+    GENERATION,
+    OPT_IN_LABEL,
+    OPT_IN_VALUE,
+    POD_FAULTS,
+    POD_STATE,
+    PROGRESS,
+    RECOVERY,
+    STEP_TIMES,
+)
+from kcover.k8s.progress import PodProgress
 from kcover.podline import MAX_GENERATION
+from kcover.timestamps import parse_rfc3339
 
 
 @dataclass(frozen=True)
@@ -44,6 +55,29 @@ class PodView:
     """What ``kcover pod`` last reported (None: the pod does not run it, or the agent has not read it yet)."""
     ordered: int | None = None
     """The generation the operator last ordered on this pod (``kcover.io/generation``)."""
+    progress: PodProgress | None = None
+    """The pod's run as its agent last recorded it (first step, newest checkpoint); None before a step."""
+
+    step_times: wire.StepTimes | None = None
+    """The ranks' newest compute seconds per step as the agent last recorded them."""
+    node_selector: tuple[tuple[str, str], ...] = ()
+    """The pod's ``nodeSelector``: where a replacement could go."""
+
+    @property
+    def times(self) -> wire.StepTimes | None:
+        """The step times of the generation the workers run now."""
+        times = self.step_times
+        if times is None or self.status is None or times.generation != self.status.generation:
+            return None
+        return times
+
+    @property
+    def run(self) -> PodProgress | None:
+        """The progress of the run going on: an earlier generation's is stale once the workers run a new one."""
+        progress = self.progress
+        if progress is None or progress.generation != (self.status.generation if self.status else None):
+            return None
+        return progress
 
     @property
     def restartable_in_place(self) -> bool:
@@ -64,6 +98,10 @@ class JobView:
     suspended: bool = False
     finished: bool = False
     spec_problems: tuple[str, ...] = ()
+    created: float | None = None
+    """Epoch seconds of the job's creation."""
+    ended: float | None = None
+    """Epoch seconds when it finished (None: not finished, or the time is not recorded)."""
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -101,6 +139,9 @@ def pod_view(body: Mapping[str, Any], remediation: dict[str, str] | None = None)
         terminations=tuple(terminations),
         faults=tuple(wire.decode(annotations.get(POD_FAULTS), remediation, workers.generation if workers else None)),
         status=workers, ordered=_number(annotations.get(GENERATION)),
+        progress=PodProgress.decode(annotations.get(PROGRESS)),
+        step_times=wire.StepTimes.decode(annotations.get(STEP_TIMES)),
+        node_selector=tuple(sorted((str(k), str(v)) for k, v in (spec.get("nodeSelector") or {}).items())),
     )
 
 
@@ -118,13 +159,18 @@ def job_view(kind: str, body: Mapping[str, Any]) -> JobView:
     job_kind = KINDS[kind]
     suspended = bool(spec.get("suspend") or (spec.get("runPolicy") or {}).get("suspend"))
     conditions = status.get("conditions") or []
-    finished = any(c.get("type") in ("Complete", "Succeeded", "Failed", "Completed") and c.get("status") == "True"
-                   for c in conditions)
+    finishing = [c for c in conditions
+                 if c.get("type") in ("Complete", "Succeeded", "Failed", "Completed") and c.get("status") == "True"]
+    finished = bool(finishing)
+    ended = parse_rfc3339(status.get("completionTime")) or next(
+        (moment for c in finishing if (moment := parse_rfc3339(c.get("lastTransitionTime")))), None)
+    created = parse_rfc3339(meta.get("creationTimestamp"))
     return JobView(
         kind=job_kind, namespace=meta.get("namespace", ""), name=meta.get("name", ""), uid=meta.get("uid", ""),
         resource_version=meta.get("resourceVersion", ""), opted_in=labels.get(OPT_IN_LABEL) == OPT_IN_VALUE,
         annotations=dict(meta.get("annotations") or {}), suspended=suspended, finished=finished,
-        spec_problems=spec_problems(kind, spec),
+        spec_problems=spec_problems(kind, spec), created=created.timestamp() if created else None,
+        ended=ended.timestamp() if ended and finished else None,
     )
 
 
