@@ -29,13 +29,14 @@ WORKER = Path(__file__).parent / "workers" / "pod_worker.py"
 class Pod:
     """One ``kcover pod`` with two workers, its output in a file."""
 
-    def __init__(self, folder: Path, *options: str, generation: str | None = "0", term_seconds: float = 0) -> None:
+    def __init__(self, folder: Path, *options: str, generation: str | None = "0", term_seconds: float = 0,
+                 env: dict[str, str] | None = None) -> None:
         self.folder = folder
         self.file = folder / "generation"
         if generation is not None:
             self.file.write_text(generation)
         self.output = folder / "pod.out"
-        env = {**os.environ, "POD_TEST_DIR": str(folder), "TERM_SECONDS": str(term_seconds)}
+        env = {**os.environ, "POD_TEST_DIR": str(folder), "TERM_SECONDS": str(term_seconds), **(env or {})}
         for variable in ("RANK", "WORLD_SIZE", "JOB_COMPLETION_INDEX", "MASTER_ADDR", "MASTER_PORT"):
             env.pop(variable, None)
         self.port = free_port()
@@ -142,6 +143,24 @@ def test_each_generation_reports_its_first_step_and_newer_checkpoints_and_the_la
     assert [r.generation for r in pod.parsed() if r.step is not None and r.state is PodState.RUNNING] == [0, 1]
     (tmp_path / "finish").touch()
     assert pod.end() == 0
+
+
+def test_a_flood_of_junk_and_random_timings_on_the_pipe_is_said_in_bounded_lines(pods: list[Pod],
+                                                                                  tmp_path: Path) -> None:
+    """A rank writes a 1 MiB line, bad timings and 100,000 timings of random steps: kcover pod keeps at most 64
+    of a rank's timings pending and says one batch per rank per tick, so its log stays small; the generation
+    runs on."""
+    began = time.monotonic()
+    pod = start(pods, tmp_path, env={"FLOOD": "1"})
+    pod.wait_for("worker rank=0 flooded")
+    pod.wait_for("state=running step=")
+    (tmp_path / "finish").touch()
+    assert pod.end() == 0
+    ticks = (time.monotonic() - began) / 0.05
+    flooded = [t for t in (parse_timings(line) for line in pod.text().splitlines()) if t is not None and t.rank == 0]
+    assert 0 < len(flooded) <= ticks + 2 * MAX_TIMINGS
+    assert all(0 < s < 1e6 for t in flooded for _, s in t.steps())
+    assert [s for _, s, _ in pod.reports()] == [PodState.RUNNING, PodState.DONE]
 
 
 def test_the_next_generation_starts_from_warm_workers_that_imported_ahead(pods: list[Pod], tmp_path: Path) -> None:
