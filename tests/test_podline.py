@@ -53,8 +53,8 @@ def test_a_bad_timing_line_is_refused_whole(body: str) -> None:
 @pytest.mark.timeout(120, method="thread")
 def test_one_mebibyte_lines_get_through_both_parsers() -> None:
     """Must return (the patterns are linear): a backtracking parser would stall the agent's loop for minutes."""
-    for line in (PREFIX + "generation=1 " + "state=running " * 75_000,
-                 PREFIX + "generation=1 timing rank=0 from=0 seconds=" + "0.1," * 260_000,
+    repeated = PREFIX + "generation=1 " + "state=running " * 75_000
+    assert parse_timings(repeated) is None and parse(repeated) == PodReport(1, PodState.RUNNING)
+    for line in (PREFIX + "generation=1 timing rank=0 from=0 seconds=" + "0.1," * 260_000,
                  PREFIX + "generation=" + "9" * (1 << 20), PREFIX + " reason=" + "=" * (1 << 20)):
-        assert parse_timings(line) is None
-        parse(line)
+        assert parse_timings(line) is None and parse(line) is None

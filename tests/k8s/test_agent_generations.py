@@ -129,6 +129,9 @@ def test_each_run_records_its_first_step_and_newest_checkpoint_for_the_jobs_ettr
                30, "generation 1")
     view = pod_view(core.api_client.sanitize_for_serialization(core.read_namespaced_pod(name, test_namespace)))
     assert view.progress is not None and view.run is None  # generation 0's progress is not generation 1's
-    write("step 41 loss 0.1")
+    write("resuming from step 40")  # a step-like line before the generation's first step
     seen = progress(lambda p: p.get("generation") == 1, "generation 1's first step")
     assert "checkpoint" not in seen and seen["first"] > began + 90
+    said = round(seen["first"] + 5, 3)  # kcover pod says when the first step came: its time wins, later or not
+    write(PodReport(1, PodState.RUNNING, step=41, at=said).line())
+    progress(lambda p: p.get("first") == said, "kcover pod's time of generation 1's first step")

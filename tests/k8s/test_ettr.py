@@ -16,7 +16,7 @@ import json
 import pytest
 from prometheus_client import CollectorRegistry
 from tests.k8s.test_in_place import arrive, crashed_job, settle
-from tests.k8s.test_reconcile import FakeClock, current, fake_reconciler, job_body, pod_body, put
+from tests.k8s.test_reconcile import XID, FakeClock, current, fake_reconciler, job_body, pod_body, put
 
 from kcover.k8s.names import PROGRESS
 from kcover.k8s.operator.ettr import EttrCollector, ettr_of
@@ -156,3 +156,40 @@ def test_a_job_whose_pods_never_stepped_has_an_ettr_of_zero() -> None:
     job = put(reconciler, job_view("Job", body), progress_pod("p0", "n0", None))
     ettr = ettr_of(job, RecoveryRecord(), list(reconciler.world.pods.values()), clock.now().timestamp())
     assert ettr is not None and ettr.ratio == 0.0 and ettr.wall == 3600.0
+
+
+def test_a_run_is_clamped_to_its_own_time_whatever_a_pod_annotation_says() -> None:
+    forged = PodProgress(T0 - 10**6, 0, 5, T0 + 10**8)  # a first step long before, a checkpoint in 2029
+    assert closed_run([forged], since=T0, until=T0 + 100) == 100.0
+    assert live_run([forged], T0 + 100, since=T0) == 100.0
+    assert closed_run([PodProgress(T0 + 200, 0, 5, T0 + 300)], since=T0, until=T0 + 100) == 0.0
+
+
+def test_a_job_kcover_gives_up_keeps_its_last_runs_work_and_its_ettr_stops_there() -> None:
+    clock = FakeClock()
+    reconciler, actions = fake_reconciler(clock)
+    created = clock.now().timestamp() - 600
+    body = job_body()
+    body["metadata"]["annotations"]["kcover.io/max-restarts"] = "0"
+    job = dataclasses.replace(job_view("Job", body), created=created)
+    put(reconciler, job, *(dataclasses.replace(pod_view(pod_body(f"p{r}", XID if r == 0 else "", f"n{r}")),
+                                               progress=PodProgress(created + 60, None, 90, created + 360))
+                           for r in range(2)))
+    settle(reconciler, clock, job)
+    fresh, record = current(reconciler, job)
+    assert ("fail", record.last.decision if record.last else None) in actions.calls
+    assert record.phase is RecoveryPhase.FAILED and record.productive == 300.0 and record.ended == clock.now()
+    clock.advance(10_000)  # the job stays suspended: its ETTR does not fall
+    ettr = ettr_of(fresh, record, list(reconciler.world.pods.values()), clock.now().timestamp())
+    assert ettr is not None and ettr.productive == 300.0 and ettr.wall == pytest.approx(605.0)
+
+
+def test_a_job_that_failed_by_itself_keeps_its_last_run_up_to_the_checkpoint_only() -> None:
+    body = job_body()
+    body["metadata"]["creationTimestamp"] = "2026-11-30T00:00:00Z"
+    created = dt.datetime(2026, 11, 30, tzinfo=dt.UTC).timestamp()
+    pods = [progress_pod("p0", "n0", PodProgress(created + 100, None, 50, created + 400))]
+    body["status"] = {"conditions": [{"type": "Failed", "status": "True",
+                                      "lastTransitionTime": "2026-11-30T00:10:00Z"}]}
+    failed = ettr_of(job_view("Job", body), RecoveryRecord(), pods, created + 99_999)
+    assert failed is not None and failed.wall == 600.0 and failed.productive == 300.0

@@ -170,7 +170,7 @@ def test_replace_restarts_the_job_without_the_slow_node_when_it_pays() -> None:
 
 def test_replace_reports_only_without_a_spare_without_total_steps_or_when_it_does_not_pay() -> None:
     for total, spares, why in (("100000", 0, "no spare node to replace it with; reporting only"),
-                               (None, 1, "remaining steps unknown (give --total-steps); reporting only"),
+                               (None, 1, "remaining steps unknown (give kcover.io/total-steps); reporting only"),
                                ("210", 1, "not worth a restart: gain ")):
         name = f"report-{spares}-{total}"
         reconciler, calls, job = replacing(total, spares, name)
@@ -226,3 +226,40 @@ def test_a_straggler_never_fails_a_job_whose_restart_budget_is_spent() -> None:
     assert calls.count(("event", "KcoverStraggler")) == 2  # flagged (replacing judged worth it), then not done
     assert reconciler.stragglers.replacing(job.key) is None
     metric_cleanup("spent")
+
+
+def test_pods_that_write_their_step_times_later_are_expected_from_then_on() -> None:
+    """The first looks see two pods' ranks only (the others' agents have not written yet): the slow rank of a
+    pod that comes later is still judged and flagged."""
+    reconciler, _, job = start("late")
+    seconds = timings(300, slow_rank=3, slow_from=150, factor=1.5)
+    for end in range(4, 33, 4):  # pods 0 and 1 alone for 32 steps
+        for rank in (0, 1):
+            pod = reconciler.world.pods[f"uid-p{rank}"]
+            reconciler.world.pods[f"uid-p{rank}"] = dataclasses.replace(pod, step_times=wire.StepTimes(0, {rank: {
+                s: seconds[rank][s] for s in range(max(0, end - 32), end)}}))
+        reconciler.evaluate(reconciler.world.jobs[job.key])
+    play(reconciler, job, range(32, 300), seconds)
+    flagged = decode(current(reconciler, job)[0].annotations[STRAGGLERS])
+    assert [(f["rank"], f["node"]) for f in flagged] == [(3, "n3")]
+    metric_cleanup("late")
+
+
+def test_replace_that_could_not_move_the_rank_off_its_node_reports_only() -> None:
+    reconciler, calls, job = replacing("100000", 1, "stuck")
+    fresh = dataclasses.replace(job, annotations={**job.annotations, "kcover.io/exclude-nodes": "false"})
+    reconciler.world.jobs[job.key] = fresh
+    play(reconciler, job, range(0, 200), timings(200, slow_rank=1, slow_from=100, factor=1.5))
+    _, record = current(reconciler, job)
+    assert record.phase is RecoveryPhase.RUNNING and not {"claim", "quarantine"} & {c[0] for c in calls}
+    assert calls.count(("event", "KcoverStraggler")) == 2
+    metric_cleanup("stuck")
+
+
+def test_a_deleted_job_takes_its_watch_and_gauges_with_it() -> None:
+    reconciler, _, job = start("deleted")
+    play(reconciler, job, range(0, 160), timings(160, slow_rank=2, slow_from=60, factor=2.0))
+    assert slowdown("ns", "deleted", "n2", 2) is not None
+    del reconciler.world.jobs[job.key]
+    reconciler.evaluate_due()
+    assert slowdown("ns", "deleted", "n2", 2) is None and job.key not in reconciler.stragglers.jobs

@@ -82,7 +82,8 @@ class FakeActions:
         return None
 
     def claim(self, job: JobView, record: RecoveryRecord, reason: str) -> None:
-        if self.conflict:
+        current = self.world.jobs.get(job.key, job)
+        if self.conflict or current.resource_version != job.resource_version:  # a conditional patch
             raise Conflict("changed")
         self.calls.append(("claim", record.attempt))
         self._write(job, record)
@@ -135,11 +136,13 @@ class FakeActions:
         self.calls.append(("spare_nodes", len(busy)))
         return self.spares
 
-    def note_stragglers(self, job: JobView, text: str) -> None:
+    def note_stragglers(self, job: JobView, text: str) -> str | None:
         self.calls.append(("stragglers", text))
         current = self.world.jobs.get(job.key, job)
-        self.world.jobs[job.key] = dataclasses.replace(current, annotations={**current.annotations,
-                                                                             "kcover.io/stragglers": text})
+        version = str(int(current.resource_version or "0") + 1)
+        self.world.jobs[job.key] = dataclasses.replace(current, resource_version=version, annotations={
+            **current.annotations, "kcover.io/stragglers": text})
+        return version
 
     def order_generation(self, pods: Sequence[PodView], generation: int) -> None:
         self.calls.append(("order", generation))

@@ -47,7 +47,8 @@ def test_status_and_the_metric_give_each_jobs_ettr_from_its_record_and_its_pods(
     created = batch.create_namespaced_job(test_namespace, indexed_job("etr", test_namespace, 2))
     batch.create_namespaced_job(test_namespace, indexed_job("plain", test_namespace, 1, opted_in=False))
     began = created.metadata.creation_timestamp.timestamp() - 100  # first created before a replacement
-    record = RecoveryRecord(productive=EARLIER, began=dt.datetime.fromtimestamp(began, dt.UTC))
+    record = RecoveryRecord(productive=EARLIER, began=dt.datetime.fromtimestamp(began, dt.UTC), restarts=1,
+                            restarted_at=dt.datetime.fromtimestamp(began + 50, dt.UTC))  # this run began then
     batch.patch_namespaced_job("etr", test_namespace,
                                {"metadata": {"annotations": {RECOVERY: record.to_annotation()}}})
     pods = wait_until(lambda: (found := [p for p in core.list_namespaced_pod(
@@ -68,7 +69,7 @@ def test_status_and_the_metric_give_each_jobs_ettr_from_its_record_and_its_pods(
     assert low - 1e-4 <= jobs["etr"]["ettr"] <= high + 1e-4
     assert jobs["etr"]["wall_seconds"] >= 100 and jobs["etr"]["productive_seconds"] >= EARLIER + 20
     table = kcover_status(test_cluster)
-    assert re.search(rf"{test_namespace}/etr\s+\S+\s+0\s+0\.\d\d", table), table
+    assert re.search(rf"{test_namespace}/etr\s+\S+\s+1\s+0\.\d\d", table), table
 
     port = free_port()
     kcover_processes.start(["operator", "--kubeconfig", str(test_cluster.kubeconfig), "--namespace",

@@ -48,12 +48,13 @@ class ReplaceJudgement:
     cost_seconds: float | None = None
 
 
-def judge_replace(case: ReplaceCase) -> ReplaceJudgement:
-    """Whether restarting without the straggler's node is worth it, and why (one line)."""
+def judge_replace(case: ReplaceCase, total_steps_option: str = "--total-steps") -> ReplaceJudgement:
+    """Whether restarting without the straggler's node is worth it, and why (one line; ``total_steps_option``
+    names where the user gives the job's steps)."""
     if case.spares <= 0:
         return ReplaceJudgement(False, "no spare node to replace it with; reporting only")
     if case.remaining_steps is None:
-        return ReplaceJudgement(False, "remaining steps unknown (give --total-steps); reporting only")
+        return ReplaceJudgement(False, f"remaining steps unknown (give {total_steps_option}); reporting only")
     if case.step_seconds is None or case.restart_seconds is None or case.slowdown <= 1:
         return ReplaceJudgement(False, "pace or restart cost not measured yet; reporting only")
     healthy = case.step_seconds / case.slowdown

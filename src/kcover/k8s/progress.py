@@ -85,23 +85,31 @@ def _moment(value: object) -> float | None:
     return float(value)
 
 
-def closed_run(pods: Sequence[PodProgress | None]) -> float:
+def closed_run(pods: Sequence[PodProgress | None], since: float | None = None, until: float | None = None) -> float:
     """The productive seconds of a run that failed: from its first step (the earliest pod's) to the checkpoint
-    every pod that stepped has (the pod with the oldest newest checkpoint); 0 when a pod that stepped has none."""
+    every pod that stepped has (the pod with the oldest newest checkpoint); 0 when a pod that stepped has none.
+
+    Clamped to the run's own time, from ``since`` (when the attempt began) to ``until`` (now): anyone who may
+    patch a pod writes its annotations, and a record of productive time must not grow by what they wrote.
+    """
     stepped = [p for p in pods if p is not None]
-    if not stepped:
-        return 0.0
-    if any(p.checkpoint_at is None for p in stepped):
+    if not stepped or any(p.checkpoint_at is None for p in stepped):
         return 0.0
     first = min(p.first for p in stepped)
     oldest = min(stepped, key=lambda p: (p.checkpoint or 0, p.checkpoint_at or 0.0))
-    return max(0.0, (oldest.checkpoint_at or first) - first)
+    end = oldest.checkpoint_at or first
+    first, end = max(first, since) if since is not None else first, min(end, until) if until is not None else end
+    return max(0.0, end - first)
 
 
-def live_run(pods: Sequence[PodProgress | None], until: float) -> float:
-    """The productive seconds of the run going on (or that succeeded at ``until``): its first step to ``until``."""
+def live_run(pods: Sequence[PodProgress | None], until: float, since: float | None = None) -> float:
+    """The productive seconds of the run going on (or that succeeded at ``until``): its first step (not before
+    ``since``, when the attempt began) to ``until``."""
     firsts = [p.first for p in pods if p is not None]
-    return max(0.0, until - min(firsts)) if firsts else 0.0
+    if not firsts:
+        return 0.0
+    first = max(min(firsts), since) if since is not None else min(firsts)
+    return max(0.0, until - first)
 
 
 @dataclass(frozen=True)

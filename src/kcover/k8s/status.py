@@ -91,7 +91,7 @@ def _pods(api: client.ApiClient, kind: JobKind, namespace: str, name: str) -> li
         if error.status in (403, 404):
             return []
         raise
-    return [pod_view(client.ApiClient().sanitize_for_serialization(pod)) for pod in listed.items]
+    return [pod_view(api.sanitize_for_serialization(pod)) for pod in listed.items]
 
 
 def collect_status(api: client.ApiClient) -> dict[str, Any]:

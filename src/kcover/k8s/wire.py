@@ -84,9 +84,14 @@ def _step(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+MAX_STEP = 10**15
+
+
 def _whole(value: object) -> int | None:
+    """A step or generation: a whole number from 0 to :data:`MAX_STEP` (a step of 10**100 would make every real
+    one look old)."""
     step = _step(value)
-    return step if step is not None and step >= 0 else None
+    return step if step is not None and 0 <= step <= MAX_STEP else None
 
 
 @dataclass(frozen=True)

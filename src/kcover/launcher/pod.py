@@ -391,8 +391,8 @@ class PodSupervisor:
         if not pending:
             self.timings_since[rank] = time.monotonic()
         pending[step] = seconds
-        while len(pending) > 2 * MAX_TIMINGS:  # a rank timing faster than its batches are said: keep the newest
-            del pending[min(pending)]
+        while len(pending) > 2 * MAX_TIMINGS:  # timings faster than their batches are said: keep the newest come
+            del pending[next(iter(pending))]
 
     def _say_timings(self, ending: bool) -> None:
         """At most one batch per rank per tick: a full one, one pending for :data:`TIMING_REPORT_SECONDS`, or

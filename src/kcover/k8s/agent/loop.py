@@ -174,7 +174,7 @@ class Agent:
             if report.checkpoint is not None:
                 record.checkpointed(report.checkpoint, at)
             else:
-                record.stepped(at)
+                record.stepped(at, said=True)
         if report.state is not PodState.FAILED or report.exit is None:
             return 0
         rule = rule_for_exit(self.matcher.rules, report.exit)

@@ -92,14 +92,17 @@ class PodRecord:
         if self.status is not None and self.status.step != step:
             self.status = replace(self.status, step=step)
 
-    def stepped(self, at: float) -> None:
-        """A step of the pod's current run was seen: the run's first one starts its productive time."""
+    def stepped(self, at: float, said: bool = False) -> None:
+        """A step of the pod's current run was seen (``said``: ``kcover pod`` said when its generation's first step
+        came): the run's first step starts its productive time."""
         progress = self.progress
         if progress is None or progress.generation != self.generation:
             self.progress = PodProgress(at, self.generation)
             self.dirty = True
-        elif at < progress.first:
-            self.progress = replace(progress, first=at)  # ``kcover pod``'s own time of a step already seen
+        elif said and at != progress.first:
+            # kcover pod's time wins over the agent's reading of a step-like log line (e.g. "resuming from step
+            # 1180", printed before the first step of the generation)
+            self.progress = replace(progress, first=at)
             self.dirty = True
 
     def checkpointed(self, step: int, at: float) -> None:

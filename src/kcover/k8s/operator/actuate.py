@@ -75,16 +75,18 @@ class Actuator:
         self.recreator = Recreator(api)
 
     # -- job annotations -------------------------------------------------------------------------
-    def patch_job(self, job: JobView, patch: dict[str, Any], conditional: bool = False) -> None:
+    def patch_job(self, job: JobView, patch: dict[str, Any], conditional: bool = False) -> str | None:
+        """Patch the job (``conditional``: only at the resourceVersion read); its new resourceVersion."""
         if conditional:
             patch = {**patch, "metadata": {**patch.get("metadata", {}), "resourceVersion": job.resource_version}}
         kind = job.kind
         try:
             if kind.group == "batch":
-                self.batch.patch_namespaced_job(job.name, job.namespace, patch, field_manager=FIELD_MANAGER)
-            else:
-                self.custom.patch_namespaced_custom_object(kind.group, kind.version, job.namespace, kind.plural,
-                                                           job.name, patch)
+                found = self.batch.patch_namespaced_job(job.name, job.namespace, patch, field_manager=FIELD_MANAGER)
+                return str(found.metadata.resource_version or "") or None
+            patched = self.custom.patch_namespaced_custom_object(kind.group, kind.version, job.namespace,
+                                                                 kind.plural, job.name, patch)
+            return str(((patched or {}).get("metadata") or {}).get("resourceVersion") or "") or None
         except ApiException as error:
             if error.status == 409:
                 raise Conflict(f"{job.kind.kind} {job.namespace}/{job.name} changed") from None
@@ -209,9 +211,10 @@ class Actuator:
         with ThreadPoolExecutor(max_workers=min(ORDER_THREADS, max(1, len(due)))) as pool:
             list(pool.map(order, due))
 
-    def note_stragglers(self, job: JobView, text: str) -> None:
-        """The ranks flagged as stragglers now (``kcover.io/stragglers``; not guarded: only this replica writes it)."""
-        self.patch_job(job, {"metadata": {"annotations": {STRAGGLERS: text}}})
+    def note_stragglers(self, job: JobView, text: str) -> str | None:
+        """The ranks flagged as stragglers now (``kcover.io/stragglers``; not guarded: only this replica writes
+        it); the job's new resourceVersion."""
+        return self.patch_job(job, {"metadata": {"annotations": {STRAGGLERS: text}}})
 
     def spare_nodes(self, selector: Mapping[str, str], busy: Collection[str]) -> int:
         """Nodes a replacement pod could go to: Ready, schedulable, not quarantined, with the labels of the pods'

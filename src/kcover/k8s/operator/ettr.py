@@ -22,16 +22,27 @@ from prometheus_client.registry import Collector
 from kcover.k8s.operator.assess import current_pods
 from kcover.k8s.operator.record import RecoveryPhase, RecoveryRecord
 from kcover.k8s.operator.views import JobView, PodView
-from kcover.k8s.progress import Ettr, job_ettr, live_run
+from kcover.k8s.progress import Ettr, closed_run, job_ettr, live_run
 
 
 def ettr_of(job: JobView, record: RecoveryRecord, pods: Sequence[PodView], now: float) -> Ettr | None:
-    """The job's ETTR up to its end (or ``now``); None when its creation time is unknown."""
+    """The job's ETTR up to its end (or ``now``); None when its creation time is unknown.
+
+    The live run counts up to now while the job runs, and to its end when it succeeded; a job that failed by
+    itself keeps its last run's work up to the checkpoint every pod has, one kcover gave up on what the record
+    closed then (its end is when kcover gave up), one restarting what the claim closed.
+    """
     began = record.began.timestamp() if record.began else job.created
     until = job.ended if job.ended is not None else now
+    if record.phase is RecoveryPhase.FAILED and record.ended is not None:
+        until = min(until, record.ended.timestamp())
+    since = record.restarted_at.timestamp() if record.restarted_at else job.created
+    runs = [p.run for p in current_pods(record, pods)]
     live = 0.0
-    if record.phase is RecoveryPhase.RUNNING:
-        live = live_run([p.run for p in current_pods(record, pods)], until)
+    if record.phase is RecoveryPhase.RUNNING and (not job.finished or job.succeeded):
+        live = live_run(runs, until, since)
+    elif record.phase is RecoveryPhase.RUNNING:
+        live = closed_run(runs, since, until)
     return job_ettr(began, until, record.productive, live)
 
 

@@ -43,6 +43,7 @@ from kcover.decide.straggler_action import StragglerAction, judge_replace
 from kcover.faults import Evidence, Role
 from kcover.health.quarantine.policy import NodeAction, NodeDecision
 from kcover.k8s.kinds import BATCH_JOB, JOBSET
+from kcover.k8s.names import TOTAL_STEPS
 from kcover.k8s.operator import inplace, metrics, stragglers
 from kcover.k8s.operator.assess import Assessment, assess, current_pods
 from kcover.k8s.operator.policy import JobPolicy, from_resource, with_annotations
@@ -116,7 +117,7 @@ class JobActions(Protocol):
 
     def write_record(self, job: JobView, record: RecoveryRecord) -> None: ...
 
-    def note_stragglers(self, job: JobView, text: str) -> None: ...
+    def note_stragglers(self, job: JobView, text: str) -> str | None: ...
 
     def spare_nodes(self, selector: Mapping[str, str], busy: Collection[str]) -> int: ...
 
@@ -163,6 +164,7 @@ class Reconciler:
         """Evaluate every job marked dirty at least :data:`SETTLE_SECONDS` ago (a cascade is judged once)."""
         now = self.clock.monotonic()
         marked = list(self.world.dirty.items())  # one C-level copy: kopf's handlers add marks meanwhile
+        self._drop_stragglers_of_gone_jobs()
         for key in [k for k, since in marked if now - since >= SETTLE_SECONDS]:
             self.world.dirty.pop(key, None)
             job = self.world.jobs.get(key)
@@ -222,11 +224,12 @@ class Reconciler:
             spares = self.actions.spare_nodes(selector, {p.node for p in pods if p.node})
             judged = []
             for flagged in news.new:
-                judgement = judge_replace(replace_case(flagged, pods, job, record, policy.total_steps, spares))
+                case = replace_case(flagged, pods, job, record, policy.total_steps, spares)
+                judgement = judge_replace(case, total_steps_option=TOTAL_STEPS)
                 judged.append(self.stragglers.judged(job.key, replace(flagged, judgement=judgement.reason),
                                                      judgement.replace))
             news = replace(news, new=tuple(judged), current=tuple(self.stragglers.jobs[job.key].flagged.values()))
-        self._publish(job, news)
+        job = self._publish(job, news)
         chosen = self.stragglers.replacing(job.key)  # kept until claimed: the record's write may conflict
         rule = next((r for r in self.rules if r.id == STRAGGLER_RULE), None)
         if chosen is None or rule is None:
@@ -235,27 +238,41 @@ class Reconciler:
                             step=chosen.since_step)
         assessment = assess(job, self.world.pods_of(job), self.rules, policy.recovery, record, since,
                             found=[(rule, evidence)])
-        if assessment.decision is None or assessment.decision.kind is DecisionKind.FAIL:
-            self.stragglers.give_up_replacing(job.key)  # a slow rank never fails a job: reported only
-            self.actions.event(job, "KcoverStraggler", f"rank {chosen.rank}'s node is not replaced: "
-                               f"{assessment.decision.reason if assessment.decision else 'no restart decided'}")
+        decision = assessment.decision
+        why_not = ("no restart decided" if decision is None else decision.reason if decision.kind is DecisionKind.FAIL
+                   else f"a restart would not move it off node {chosen.node} (nodes are not excluded for this job)"
+                   if chosen.node not in decision.excluded or not policy.quarantine else "")
+        if why_not:  # a slow rank never fails a job, nor restarts it in vain: it stays reported
+            self.stragglers.give_up_replacing(job.key)
+            self.actions.event(job, "KcoverStraggler", f"rank {chosen.rank}'s node is not replaced: {why_not}")
             return False
         return self._act(job, record, assessment, policy)
 
-    def _publish(self, job: JobView, news: StragglerNews) -> None:
-        """Stragglers found or recovered: an Event each, the metric, and the job's record of them."""
+    def _publish(self, job: JobView, news: StragglerNews) -> JobView:
+        """Stragglers found or recovered: an Event each, the metric, and the job's record of them; the job as
+        the record's write left it (its resourceVersion: a restart claimed next must not conflict with it)."""
         for flagged in news.new:
             log.info("%s %s/%s: %s", job.kind.kind, job.namespace, job.name, flagged.describe())
             self.actions.event(job, "KcoverStraggler", flagged.describe(), warning=True)
         for flagged in news.cleared:
             with contextlib.suppress(KeyError):
                 metrics.STRAGGLER.remove(job.namespace, job.name, flagged.node, str(flagged.rank))
-            self.actions.event(job, "KcoverStragglerRecovered", f"rank {flagged.rank} (node {flagged.node}) is no "
-                               "longer a straggler")
+            said = "the job restarted: its straggler watch starts again" if news.restarted else \
+                "no longer a straggler"
+            self.actions.event(job, "KcoverStragglerRecovered", f"rank {flagged.rank} (node {flagged.node}): {said}")
         for flagged in news.current:
             metrics.STRAGGLER.labels(job.namespace, job.name, flagged.node, str(flagged.rank)).set(flagged.slowdown)
-        if news.changed:
-            self.actions.note_stragglers(job, stragglers.encode(news.current))
+        if not news.changed:
+            return job
+        version = self.actions.note_stragglers(job, stragglers.encode(news.current))
+        return replace(job, resource_version=version) if version else job
+
+    def _drop_stragglers_of_gone_jobs(self) -> None:
+        """Jobs deleted or opted out: their straggler watches and gauges go too."""
+        present = [key for key, job in list(self.world.jobs.items()) if job.opted_in]
+        for (_, namespace, name), flagged in self.stragglers.gone(present):
+            with contextlib.suppress(KeyError):
+                metrics.STRAGGLER.remove(namespace, name, flagged.node, str(flagged.rank))
 
     # -- policy ----------------------------------------------------------------------------------
     def policy(self, job: JobView) -> JobPolicy:
@@ -297,20 +314,22 @@ class Reconciler:
         if root is not None:
             metrics.FAULTS.labels(root.category.value, root.rule).inc()
         log.info("%s %s/%s: %s", job.kind.kind, job.namespace, job.name, decision.reason)
-        if decision.kind is DecisionKind.FAIL:
-            self.actions.fail(job, record.failed(state, verdict, decision.reason), decision.reason)
-            metrics.FAILED.labels(root.category.value if root else "unknown").inc()
-            return False
         pods = self.world.pods_of(job)
         current = current_pods(record, pods)
+        now = self.clock.now()
+        since = record.restarted_at.timestamp() if record.restarted_at else job.created
+        run = closed_run([p.run for p in current], since, now.timestamp())
+        began = dt.datetime.fromtimestamp(job.created, dt.UTC) if job.created is not None else None
+        if decision.kind is DecisionKind.FAIL:
+            self.actions.fail(job, record.failed(state, verdict, decision.reason, now, run, began), decision.reason)
+            metrics.FAILED.labels(root.category.value if root else "unknown").inc()
+            return False
         choice = inplace.choose(current, verdict, decision.excluded, record, policy)
         method = RestartMethod.IN_PLACE if choice.order else self._method(job, pods, assessment.failing_pods)
         claimed = record.claimed(
-            state, verdict, decision.reason, self.clock.now(), decision.delay, replaced=[p.uid for p in pods],
+            state, verdict, decision.reason, now, decision.delay, replaced=[p.uid for p in pods],
             failing=assessment.failing_pods, quarantine=decision.excluded if policy.quarantine else (),
-            method=method, why=choice.why, in_place=choice.order,
-            run=closed_run([p.run for p in current]),
-            began=dt.datetime.fromtimestamp(job.created, dt.UTC) if job.created is not None else None,
+            method=method, why=choice.why, in_place=choice.order, run=run, began=began,
         )
         self.actions.claim(job, claimed, decision.reason)
         self.failpoint("after-claim")

@@ -134,6 +134,8 @@ class RecoveryRecord:
     began: dt.datetime | None = None
     """When the job was first created (a batch Job replaced by a restart is created again: its own creation
     time is later)."""
+    ended: dt.datetime | None = None
+    """When kcover gave the job up (phase ``failed``): its ETTR stops there."""
     last: FailureSummary | None = None
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
     """Keys this version does not know (written by a newer operator): kept as they were."""
@@ -163,6 +165,7 @@ class RecoveryRecord:
             generation=_int(raw.get("generation"), 0), in_place_pods=_strings(raw.get("in_place_pods")),
             in_place_step=_optional_int(raw.get("in_place_step")), ordered_at=parse_rfc3339(raw.get("ordered_at")),
             productive=_seconds(raw.get("productive")), began=parse_rfc3339(raw.get("began")),
+            ended=parse_rfc3339(raw.get("ended")),
             last=FailureSummary.from_dict(last) if isinstance(last, dict) else None,
             extra={k: v for k, v in raw.items() if k not in _KNOWN},
         )
@@ -188,7 +191,7 @@ class RecoveryRecord:
         if self.productive:
             written["productive"] = round(self.productive, 3)
         for key, moment in (("restarted_at", self.restarted_at), ("not_before", self.not_before),
-                            ("ordered_at", self.ordered_at), ("began", self.began)):
+                            ("ordered_at", self.ordered_at), ("began", self.began), ("ended", self.ended)):
             if moment is not None:
                 written[key] = rfc3339(moment, "milliseconds")
         if self.last is not None:
@@ -250,8 +253,11 @@ class RecoveryRecord:
         """The record of a finished restart (the saga's last step)."""
         return replace(self, phase=RecoveryPhase.RUNNING, step=RestartStep.CLAIMED)
 
-    def failed(self, state: RecoveryState, verdict: Verdict, decision: str) -> RecoveryRecord:
-        return replace(self._with_state(state), phase=RecoveryPhase.FAILED, last=FailureSummary.of(verdict, decision))
+    def failed(self, state: RecoveryState, verdict: Verdict, decision: str, now: dt.datetime | None = None,
+               run: float = 0.0, began: dt.datetime | None = None) -> RecoveryRecord:
+        """kcover gives the job up at ``now``: the run that failed is closed as a restart closes it."""
+        return replace(self._with_state(state), phase=RecoveryPhase.FAILED, last=FailureSummary.of(verdict, decision),
+                       ended=now, productive=self.productive + _seconds(run), began=self.began or began)
 
     def _with_state(self, state: RecoveryState) -> RecoveryRecord:
         return replace(self, restarts=state.restarts, failures=tuple(state.failures)[-MAX_FAILURES:],
@@ -260,7 +266,7 @@ class RecoveryRecord:
 
 _KNOWN = frozenset({"attempt", "phase", "step", "restarts", "streak", "failures", "excluded", "restarted_at",
                     "not_before", "replaced", "failing", "quarantine", "exclude", "method", "last", "why", "generation",
-                    "in_place_pods", "in_place_step", "ordered_at", "productive", "began"})
+                    "in_place_pods", "in_place_step", "ordered_at", "productive", "began", "ended"})
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ restarts the job without it.  No I/O here.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 
 from kcover.decide.straggler import Straggler, StragglerConfig, StragglerDetector
@@ -74,6 +74,8 @@ class StragglerNews:
     current: tuple[Flagged, ...] = ()
     stale: bool = False
     """The job records stragglers this watch never flagged (an earlier leader's, or an earlier attempt's)."""
+    restarted: bool = False
+    """The ``cleared`` ranks were not judged healthy: the job restarted, and its watch starts again."""
 
     @property
     def changed(self) -> bool:
@@ -91,6 +93,8 @@ class _JobWatch:
     """A straggler whose node is to be replaced: kept until the restart is claimed (a claim may conflict)."""
     group: int = 0
     """Steps per value fed to the detector (0: not chosen yet; see :data:`FULL_RANKS`)."""
+    ranks: int = 0
+    """The most ranks seen reporting step times: each step waits for all of them (or ``lag`` newer steps)."""
     partial: dict[int, tuple[int, float, int]] = field(default_factory=dict)
     """Per rank, the group being summed: (group, seconds, steps)."""
 
@@ -125,10 +129,14 @@ class StragglerWatch:
             cleared = tuple(watch.flagged.values()) if watch else ()
             watch = self.jobs[job.key] = _JobWatch(attempt, StragglerDetector(self.config))
             if cleared or decode(job.annotations.get(STRAGGLERS)):
-                return StragglerNews(cleared=cleared, stale=True)
+                return StragglerNews(cleared=cleared, stale=True, restarted=bool(cleared))
         where = {rank: pod for pod in pods if (times := pod.times) is not None for rank in times.ranks}
-        if watch.group == 0 and len(where) > 1:
-            watch.group = min(MAX_GROUP, -(-len(where) // FULL_RANKS))
+        if len(where) > watch.ranks:  # more pods wrote their step times: expect them all from now on
+            group = min(MAX_GROUP, -(-len(where) // FULL_RANKS))
+            if group != watch.group and watch.group:  # judged another way: start again (the baselines too)
+                watch = self.jobs[job.key] = _JobWatch(attempt, StragglerDetector(self.config),
+                                                       flagged=watch.flagged)
+            watch.group, watch.ranks = group, len(where)
             watch.detector.expect(len(where))
         fresh: list[tuple[int, int, float]] = []
         for rank, pod in where.items():
@@ -171,6 +179,11 @@ class StragglerWatch:
         """A job that is gone or finished: its flags, to clear them."""
         watch = self.jobs.pop(key, None)
         return tuple(watch.flagged.values()) if watch else ()
+
+    def gone(self, present: Collection[JobKey]) -> list[tuple[JobKey, Flagged]]:
+        """Forget the jobs no longer watched (deleted, or opted out); their flags, to clear their gauges."""
+        return [(key, flagged) for key in [k for k in self.jobs if k not in present]
+                for flagged in self.forget(key)]
 
     @staticmethod
     def _flagged(straggler: Straggler, where: dict[int, PodView], watch: _JobWatch) -> Flagged:

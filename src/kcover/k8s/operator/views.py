@@ -102,6 +102,8 @@ class JobView:
     """Epoch seconds of the job's creation."""
     ended: float | None = None
     """Epoch seconds when it finished (None: not finished, or the time is not recorded)."""
+    succeeded: bool = False
+    """Finished with a success condition (Complete, Succeeded, Completed)."""
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -171,6 +173,7 @@ def job_view(kind: str, body: Mapping[str, Any]) -> JobView:
         annotations=dict(meta.get("annotations") or {}), suspended=suspended, finished=finished,
         spec_problems=spec_problems(kind, spec), created=created.timestamp() if created else None,
         ended=ended.timestamp() if ended and finished else None,
+        succeeded=any(c.get("type") in ("Complete", "Succeeded", "Completed") for c in finishing),
     )
 
 
