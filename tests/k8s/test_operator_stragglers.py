@@ -179,7 +179,7 @@ def test_replace_reports_only_without_a_spare_without_total_steps_or_when_it_doe
         assert record.phase is RecoveryPhase.RUNNING and "claim" not in [c[0] for c in calls]
         flagged = decode(current(reconciler, job)[0].annotations[STRAGGLERS])
         assert [f["rank"] for f in flagged] == [1] and str(flagged[0]["judgement"]).startswith(why), flagged
-        reconciler.stragglers.forget(job.key)
+        reconciler.straggling.watch.forget(job.key)
         metric_cleanup(name)
 
 
@@ -224,7 +224,7 @@ def test_a_straggler_never_fails_a_job_whose_restart_budget_is_spent() -> None:
     _, record = current(reconciler, job)
     assert record.phase is RecoveryPhase.RUNNING and not {"claim", "fail"} & {c[0] for c in calls}
     assert calls.count(("event", "KcoverStraggler")) == 2  # flagged (replacing judged worth it), then not done
-    assert reconciler.stragglers.replacing(job.key) is None
+    assert reconciler.straggling.watch.replacing(job.key) is None
     metric_cleanup("spent")
 
 
@@ -262,4 +262,4 @@ def test_a_deleted_job_takes_its_watch_and_gauges_with_it() -> None:
     assert slowdown("ns", "deleted", "n2", 2) is not None
     del reconciler.world.jobs[job.key]
     reconciler.evaluate_due()
-    assert slowdown("ns", "deleted", "n2", 2) is None and job.key not in reconciler.stragglers.jobs
+    assert slowdown("ns", "deleted", "n2", 2) is None and job.key not in reconciler.straggling.watch.jobs

@@ -16,7 +16,7 @@ names a new generation, the pods are told it, and the restart is done when
 every pod runs it — or escalated to a restart of the pods when one cannot.
 
 While a job runs, its pods' step times feed the straggler watch
-(:mod:`kcover.k8s.operator.stragglers`): a slow rank is reported (an Event,
+(:mod:`kcover.k8s.operator.straggler_desk`): a slow rank is reported (an Event,
 the ``kcover_straggler_slowdown`` gauge, ``kcover.io/stragglers``) and, with
 ``kcover.io/straggler-action: replace``, its node replaced through the same
 saga when that pays — never a failed job for a slow rank.
@@ -29,7 +29,6 @@ so a new leader that finds a job ``restarting`` replays the rest exactly once
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import logging
 import time
@@ -39,23 +38,19 @@ from typing import Any, Protocol
 
 from kcover.classify.rules import Rule
 from kcover.decide.policy import DecisionKind
-from kcover.decide.straggler_action import StragglerAction, judge_replace
-from kcover.faults import Evidence, Role
+from kcover.faults import Role
 from kcover.health.quarantine.policy import NodeAction, NodeDecision
 from kcover.k8s.kinds import BATCH_JOB, JOBSET
-from kcover.k8s.names import TOTAL_STEPS
-from kcover.k8s.operator import inplace, metrics, stragglers
+from kcover.k8s.operator import inplace, metrics
 from kcover.k8s.operator.assess import Assessment, assess, current_pods
 from kcover.k8s.operator.policy import JobPolicy, from_resource, with_annotations
 from kcover.k8s.operator.record import RecoveryPhase, RecoveryRecord, RestartMethod, RestartStep
 from kcover.k8s.operator.recreate import controlled
-from kcover.k8s.operator.stragglers import StragglerNews, StragglerWatch, replace_case
+from kcover.k8s.operator.straggler_desk import StragglerDesk, refusal
 from kcover.k8s.operator.views import JobView, PodView, job_view
 from kcover.k8s.progress import closed_run
 
 log = logging.getLogger("kcover.operator")
-STRAGGLER_RULE = "job.straggler"
-"""The catalog rule of a straggler whose node is replaced: node at fault, so the policy excludes it."""
 SETTLE_SECONDS = 0.3
 CAUSE_GRACE_SECONDS = 3.0  # how long cascade-only evidence waits for the agents' report of a cause
 
@@ -157,14 +152,14 @@ class Reconciler:
         self.rules = rules
         self.namespace = namespace
         self.failpoint = failpoint
-        self.stragglers = StragglerWatch()
+        self.straggling = StragglerDesk(actions, rules)
 
     # -- the loop's entry points -----------------------------------------------------------------
     def evaluate_due(self) -> None:
         """Evaluate every job marked dirty at least :data:`SETTLE_SECONDS` ago (a cascade is judged once)."""
         now = self.clock.monotonic()
         marked = list(self.world.dirty.items())  # one C-level copy: kopf's handlers add marks meanwhile
-        self._drop_stragglers_of_gone_jobs()
+        self.straggling.drop_gone([key for key, job in list(self.world.jobs.items()) if job.opted_in])
         for key in [k for k, since in marked if now - since >= SETTLE_SECONDS]:
             self.world.dirty.pop(key, None)
             job = self.world.jobs.get(key)
@@ -184,7 +179,7 @@ class Reconciler:
         """Assess one job and act; True when it should be looked at again soon."""
         record = RecoveryRecord.from_annotation(job.recovery_annotation)
         if record.phase is RecoveryPhase.FAILED or job.finished:
-            self._publish(job, StragglerNews(cleared=self.stragglers.forget(job.key)))
+            self.straggling.finished(job)
             return False
         policy = self.policy(job)
         if record.phase is RecoveryPhase.RESTARTING:
@@ -215,64 +210,17 @@ class Reconciler:
         self.world.recreating = waiting > 0
 
     def _stragglers(self, job: JobView, record: RecoveryRecord, policy: JobPolicy, since: float | None) -> bool:
-        """Feed the job's step times; with ``replace``, judge each new straggler and restart the job without its
-        node when that pays (True: a restart was claimed, look again)."""
-        pods = current_pods(record, self.world.pods_of(job))
-        news = self.stragglers.look(job, record.attempt, pods)
-        if policy.straggler_action is StragglerAction.REPLACE and news.new:
-            selector = next((dict(p.node_selector) for p in pods if p.node_selector), {})
-            spares = self.actions.spare_nodes(selector, {p.node for p in pods if p.node})
-            judged = []
-            for flagged in news.new:
-                case = replace_case(flagged, pods, job, record, policy.total_steps, spares)
-                judgement = judge_replace(case, total_steps_option=TOTAL_STEPS)
-                judged.append(self.stragglers.judged(job.key, replace(flagged, judgement=judgement.reason),
-                                                     judgement.replace))
-            news = replace(news, new=tuple(judged), current=tuple(self.stragglers.jobs[job.key].flagged.values()))
-        job = self._publish(job, news)
-        chosen = self.stragglers.replacing(job.key)  # kept until claimed: the record's write may conflict
-        rule = next((r for r in self.rules if r.id == STRAGGLER_RULE), None)
-        if chosen is None or rule is None:
+        """Feed the job's step times; with ``replace``, restart the job without a straggler's node when that pays
+        (True: a restart was claimed, look again)."""
+        job, found = self.straggling.look(job, record, policy, current_pods(record, self.world.pods_of(job)))
+        if found is None:
             return False
-        evidence = Evidence(source=chosen.pod, line=chosen.describe(), rank=chosen.rank, node=chosen.node,
-                            step=chosen.since_step)
-        assessment = assess(job, self.world.pods_of(job), self.rules, policy.recovery, record, since,
-                            found=[(rule, evidence)])
-        decision = assessment.decision
-        why_not = ("no restart decided" if decision is None else decision.reason if decision.kind is DecisionKind.FAIL
-                   else f"a restart would not move it off node {chosen.node} (nodes are not excluded for this job)"
-                   if chosen.node not in decision.excluded or not policy.quarantine else "")
-        if why_not:  # a slow rank never fails a job, nor restarts it in vain: it stays reported
-            self.stragglers.give_up_replacing(job.key)
-            self.actions.event(job, "KcoverStraggler", f"rank {chosen.rank}'s node is not replaced: {why_not}")
+        assessment = assess(job, self.world.pods_of(job), self.rules, policy.recovery, record, since, found=[found])
+        why_not = refusal(assessment.decision, found[1].node, policy.quarantine)
+        if why_not:
+            self.straggling.give_up(job, found[1], why_not)
             return False
         return self._act(job, record, assessment, policy)
-
-    def _publish(self, job: JobView, news: StragglerNews) -> JobView:
-        """Stragglers found or recovered: an Event each, the metric, and the job's record of them; the job as
-        the record's write left it (its resourceVersion: a restart claimed next must not conflict with it)."""
-        for flagged in news.new:
-            log.info("%s %s/%s: %s", job.kind.kind, job.namespace, job.name, flagged.describe())
-            self.actions.event(job, "KcoverStraggler", flagged.describe(), warning=True)
-        for flagged in news.cleared:
-            with contextlib.suppress(KeyError):
-                metrics.STRAGGLER.remove(job.namespace, job.name, flagged.node, str(flagged.rank))
-            said = "the job restarted: its straggler watch starts again" if news.restarted else \
-                "no longer a straggler"
-            self.actions.event(job, "KcoverStragglerRecovered", f"rank {flagged.rank} (node {flagged.node}): {said}")
-        for flagged in news.current:
-            metrics.STRAGGLER.labels(job.namespace, job.name, flagged.node, str(flagged.rank)).set(flagged.slowdown)
-        if not news.changed:
-            return job
-        version = self.actions.note_stragglers(job, stragglers.encode(news.current))
-        return replace(job, resource_version=version) if version else job
-
-    def _drop_stragglers_of_gone_jobs(self) -> None:
-        """Jobs deleted or opted out: their straggler watches and gauges go too."""
-        present = [key for key, job in list(self.world.jobs.items()) if job.opted_in]
-        for (_, namespace, name), flagged in self.stragglers.gone(present):
-            with contextlib.suppress(KeyError):
-                metrics.STRAGGLER.remove(namespace, name, flagged.node, str(flagged.rank))
 
     # -- policy ----------------------------------------------------------------------------------
     def policy(self, job: JobView) -> JobPolicy:

@@ -7,14 +7,15 @@ Only the operator sees every pod of a job, so it runs the straggler detector
 job and attempt (a restart may move a rank to another node, whose baseline is
 learned afresh), fed each step once (in groups of steps for jobs of more than
 :data:`FULL_RANKS` ranks).  :class:`StragglerWatch` says which
-ranks became stragglers and which recovered; the reconciler posts an Event,
+ranks became stragglers and which recovered; the operator's
+:class:`~kcover.k8s.operator.straggler_desk.StragglerDesk` posts an Event,
 sets ``kcover_straggler_slowdown{namespace,job,node,rank}`` and records the
 current stragglers on the job (``kcover.io/stragglers``, read by
 ``kcover status``).  With ``kcover.io/straggler-action: replace`` a new
 straggler is judged as ``kcover run`` judges one
 (:func:`~kcover.decide.straggler_action.judge_replace`, inputs from
-:func:`replace_case`), and when replacing its node pays the reconciler
-restarts the job without it.  No I/O here.
+:func:`replace_case`), and when replacing its node pays the job is
+restarted without it.  No I/O here.
 """
 
 from __future__ import annotations
