@@ -372,7 +372,7 @@ class PodSupervisor:
             return
         number = parts[-1] if len(parts) == 1 or (len(parts) == 2 and parts[0] == b"ckpt") else b""
         if not number.isdigit() or len(number) > 15:
-            return  # timing lines and noise
+            return  # noise: not a step, a checkpoint or a timing
         step = int(number)
         self.step = max(self.step or 0, step)
         self.stepped = True
