@@ -57,3 +57,4 @@ bench: setup
 	$(BIN)/python -m bench.launcher_overhead
 	$(BIN)/python -m bench.launcher_throughput
 	$(BIN)/python -m bench.report_size
+	$(BIN)/python -m bench.auto_timing

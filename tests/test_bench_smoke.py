@@ -19,10 +19,11 @@ ROOT = Path(__file__).resolve().parent.parent
         ("bench.corpus_accuracy", [], "fatal category accuracy"),
         ("bench.report_size", ["--attempts", "10", "--faults", "100"], "ratio"),
         ("bench.straggler_detection", ["--steps", "60", "--trials", "2", "--healthy-steps", "300"], "ratio"),
+        ("bench.auto_timing", ["--rounds", "2", "--steps", "2"], "of the untimed step"),
     ],
 )
 def test_benchmark_runs(module: str, args: list[str], expect: str, tmp_path: Path) -> None:
-    extra = ["--dir", str(tmp_path)] if module != "bench.corpus_accuracy" else []
+    extra = ["--dir", str(tmp_path)] if module not in ("bench.corpus_accuracy", "bench.auto_timing") else []
     done = subprocess.run(
         [sys.executable, "-m", module, *args, *extra],
         cwd=ROOT, capture_output=True, text=True, timeout=240, check=False,

@@ -17,13 +17,16 @@ straggler detector compares compute times across ranks.  Each call is one small
 write to a pipe (a few microseconds).  Outside ``kcover run`` (no
 ``KCOVER_PROGRESS_FD``) all of them do nothing, so the same script runs
 unchanged under ``torchrun`` or plain ``python``.  A timing that is not a
-positive finite number of seconds is not sent.
+positive finite number of seconds is not sent.  A DDP job needs no call at all for
+its timings: kcover times it by itself (``kcover/launcher/autotime``); the first
+``step_time`` here silences that timer, so a script's own timings win.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import sys
 from time import perf_counter
 from types import TracebackType
 
@@ -57,6 +60,9 @@ def step_time(compute_seconds: float, step: int | None = None) -> None:
 
     Every rank must number its steps alike: either all pass ``step`` or none does.
     """
+    automatic = sys.modules.get("kcover_autotime")  # kcover's own DDP timer yields to the script's timings
+    if automatic is not None:
+        automatic.yield_to_sdk()
     number = _steps["timed"] if step is None else int(step)
     _steps["timed"] = number + 1
     seconds = float(compute_seconds)

@@ -27,10 +27,10 @@ WORKER = Path(__file__).parent / "workers" / "pod_worker.py"
 
 
 class Pod:
-    """One ``kcover pod`` with two workers, its output in a file."""
+    """One ``kcover pod`` with two workers (``worker``, by default ``pod_worker.py``), its output in a file."""
 
     def __init__(self, folder: Path, *options: str, generation: str | None = "0", term_seconds: float = 0,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, worker: Path = WORKER) -> None:
         self.folder = folder
         self.file = folder / "generation"
         if generation is not None:
@@ -44,7 +44,7 @@ class Pod:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "kcover", "pod", "--nnodes", "1", "--node-rank", "0", "--nproc-per-node",
                  "2", "--master-port", str(self.port), "--generation-file", str(self.file), "--grace-period", "3",
-                 *options, "--", sys.executable, str(WORKER)], env=env, stdout=out, stderr=subprocess.STDOUT)
+                 *options, "--", sys.executable, str(worker)], env=env, stdout=out, stderr=subprocess.STDOUT)
 
     def text(self) -> str:
         return self.output.read_text(errors="replace")

@@ -208,6 +208,8 @@ class PodSupervisor:
         self.in_place = False
         self.step: int | None = None
         self.stepped = False
+        self.computing = False
+        """A rank of this generation sent a step's timing (a DDP job times itself even without the SDK)."""
         self.said_first = False
         self.checkpoint: int | None = None
         """The newest complete checkpoint of this generation (``kcover.checkpointed``), and when it came."""
@@ -278,7 +280,7 @@ class PodSupervisor:
                 group.stop(0)
                 group.close()
                 raise
-        self.began, self.stepped, self.said_first = time.monotonic(), False, False
+        self.began, self.stepped, self.computing, self.said_first = time.monotonic(), False, False, False
         self.checkpoint = self.checkpoint_at = self.said_checkpoint = None
         self.timings.clear()
         first_rank = spec.node_rank * spec.nproc_per_node
@@ -313,7 +315,8 @@ class PodSupervisor:
             if ordered is not None:
                 self._stop_for(group, ordered)
                 return None
-            if self.in_place and self.warm is not None and self.warm.due(self.began, self.stepped, time.monotonic()):
+            if self.in_place and self.warm is not None and self.warm.due(self.began, self.stepped or self.computing,
+                                                                              time.monotonic()):
                 self.warm.spawn(self._specs(self.generation + 1))
             time.sleep(TICK)
 
@@ -387,6 +390,7 @@ class PodSupervisor:
             return
         if not (0 <= step <= 10**15 and 0 < seconds < 1e6):
             return
+        self.computing = True
         pending = self.timings.setdefault(rank, {})
         if not pending:
             self.timings_since[rank] = time.monotonic()

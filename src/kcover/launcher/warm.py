@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kcover.launcher import zygote
-from kcover.launcher.workers import HELPERS, Worker, WorkerSpec, start_worker
+from kcover.launcher.workers import HELPERS, Worker, WorkerSpec, start_worker, with_auto_timing
 
 SPAWN_AFTER = 30.0
 DEFAULT_PRELOAD = "torch,torch.distributed,torch._dynamo"
@@ -108,7 +108,7 @@ class WarmSpares:
             os.close(spare.orders)
             _kill(spare.worker)
             return None
-        order = {"env": dict(spec.env), "cwd": str(spec.cwd or os.getcwd()), "kind": self.python.kind,
+        order = {"env": with_auto_timing(spec.env), "cwd": str(spec.cwd or os.getcwd()), "kind": self.python.kind,
                  "target": self.python.target, "args": list(self.python.args)}
         try:
             with os.fdopen(spare.orders, "wb") as pipe:

@@ -2,7 +2,8 @@
 
 Each worker runs in its own session (so its process group holds it and every
 child it forks), with the environment ``torchrun`` gives plus ``KCOVER_*``
-variables.  :meth:`WorkerGroup.stop` sends SIGTERM to every group and every
+variables, and kcover's step timer first on ``PYTHONPATH``
+(:func:`with_auto_timing`).  :meth:`WorkerGroup.stop` sends SIGTERM to every group and every
 known descendant, waits the grace period (workers may write an emergency
 checkpoint), then SIGKILLs what is left; it runs after a successful attempt too,
 so a background child or a daemon a worker left behind does not outlive it.
@@ -73,6 +74,20 @@ def become_subreaper() -> bool:
         adopted = False
     _ADOPTING["on"] = _ADOPTING["on"] or adopted
     return adopted
+
+
+AUTO_TIMING = Path(__file__).with_name("autotime")
+"""The folder of kcover's ``sitecustomize`` (``autotime/sitecustomize.py``): DDP ranks time their own steps."""
+
+
+def with_auto_timing(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` with :data:`AUTO_TIMING` first on ``PYTHONPATH``, unless ``KCOVER_AUTO_TIMING=0`` turns it off."""
+    if env.get("KCOVER_AUTO_TIMING", "1") == "0":
+        return dict(env)
+    path = env.get("PYTHONPATH", "")
+    if path.split(os.pathsep)[0] == str(AUTO_TIMING):
+        return dict(env)
+    return {**env, "PYTHONPATH": f"{AUTO_TIMING}{os.pathsep}{path}" if path else str(AUTO_TIMING)}
 
 
 def launcher_mark() -> str:
@@ -195,7 +210,7 @@ def start_worker(spec: WorkerSpec, capture_output: bool = True, pass_fds: tuple[
     (a warm worker's order pipe, :mod:`kcover.launcher.warm`).
     """
     progress_read, progress_write = os.pipe()
-    env = {**spec.env, "KCOVER_PROGRESS_FD": str(progress_write), LAUNCHER_MARK: launcher_mark()}
+    env = {**with_auto_timing(spec.env), "KCOVER_PROGRESS_FD": str(progress_write), LAUNCHER_MARK: launcher_mark()}
     try:
         process = subprocess.Popen(
             list(spec.command),
