@@ -9,20 +9,28 @@ small matmul and a 1 ms sleep in the forward, like a rank waiting on its GPU).  
 - **direct cost**: the timer's own work per step (the forward pre-hook, each parameter's gradient hook and
   the pipe write) called in a loop, as a share of the untimed step (target ≤ 0.5%);
 - **a compute-bound model** (a 4-layer MLP of 2,048 units, no sleep): the same A/B and direct cost;
-- the direct cost per parameter tensor, on a model of 1,000 of them (it grows with their number).
+- the direct cost per parameter tensor, on a model of 1,000 of them (it grows with their number);
+- with ``--live``: a real ``kcover run`` of 4 gloo ranks of a DDP script that never calls kcover
+  (``tests/launcher/workers/ddp_train.py``), rank 2 throttled 1.2x from step 40: which ranks are flagged,
+  and from which step.
 
-    python -m bench.auto_timing [--rounds 10] [--steps 20]
+    python -m bench.auto_timing [--rounds 10] [--steps 20] [--live]
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import json
 import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Callable
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -30,17 +38,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from kcover.launcher.workers import AUTO_TIMING
+from kcover.launcher.workers import load_auto_timing
 from kcover.ports import free_port
-
-
-def load_timer() -> ModuleType:
-    """kcover's ``sitecustomize``, loaded by path (its start-up side effects run only as Python's own)."""
-    spec = importlib.util.spec_from_file_location("kcover_autotime_bench", AUTO_TIMING / "sitecustomize.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 class Chunks(torch.nn.Module):
@@ -66,7 +65,7 @@ def build(timer: ModuleType, make: Callable[[], torch.nn.Module], timed: bool) -
     os.environ["KCOVER_AUTO_TIMING"] = "1" if timed else "0"
     torch.manual_seed(0)
     model = DistributedDataParallel(make())
-    assert hasattr(model, "_kcover_timer") == timed
+    assert (model in timer.TIMERS) == timed
     return model
 
 
@@ -91,17 +90,30 @@ def ab(timer: ModuleType, make: Callable[[], torch.nn.Module], width: int, round
 
 def direct_cost(timer: ModuleType, make: Callable[[], torch.nn.Module], steps: int) -> tuple[float, int]:
     """Seconds of the timer's own work per step (the forward pre-hook, each parameter's gradient hook as
-    registered, the previous step's write to the pipe), and the number of parameters."""
+    :func:`attach` makes it, the previous step's write to the pipe), and the number of parameters."""
     model = build(timer, make, True)
-    step_timer: Any = model._kcover_timer
-    hooks = [(p, list(p._post_accumulate_grad_hooks.values())) for p in model.parameters()]
+    step_timer: Any = timer.TIMERS[model][0]
+    reference = weakref.ref(step_timer)
+    hooks = [timer._gradient_hook(reference, index) for index, _ in enumerate(model.parameters())]
     began = time.perf_counter()
     for _ in range(steps):
-        step_timer.forward_began(None, None)
-        for parameter, registered in hooks:
-            for hook in registered:
-                hook(parameter)
+        step_timer.forward_began(model, None)
+        for hook in hooks:
+            hook(None, None)
     return (time.perf_counter() - began) / steps, len(hooks)
+
+
+DDP_SCRIPT = Path(__file__).resolve().parent.parent / "tests" / "launcher" / "workers" / "ddp_train.py"
+
+
+def live(steps: int) -> list[tuple[int, int, float]]:
+    """A real throttled run of the DDP script that never calls kcover: (rank, since step, slowdown) flagged."""
+    with tempfile.TemporaryDirectory() as folder:
+        done = subprocess.run([sys.executable, "-m", "kcover", "run", "--quiet", "--json", "--state-dir", folder,
+                               "--nnodes", "4", "--inject", "slow@rank2:factor=1.2:step=40", "--", sys.executable,
+                               str(DDP_SCRIPT)], env={**os.environ, "STEPS": str(steps)}, capture_output=True,
+                              text=True, timeout=900, check=True)
+    return [(s["rank"], s["since_step"], s["slowdown"]) for s in json.loads(done.stdout)["stragglers"]]
 
 
 def drain(descriptor: int) -> None:
@@ -113,13 +125,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--live", action="store_true", help="also a real kcover run with a 1.2x throttled rank")
+    parser.add_argument("--live-steps", type=int, default=200)
     options = parser.parse_args()
     torch.set_num_threads(1)
     read, write = os.pipe()
     threading.Thread(target=drain, args=(read,), daemon=True).start()
     os.environ.update({"KCOVER_PROGRESS_FD": str(write), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())})
     dist.init_process_group("gloo", rank=0, world_size=1)
-    timer = load_timer()
+    timer = load_auto_timing()
     timer.patch(torch.nn.parallel.distributed)
     plain, timed = ab(timer, Chunks, 32, options.rounds, options.steps)
     cost, parameters = direct_cost(timer, Chunks, 20_000)
@@ -137,6 +151,10 @@ def main() -> None:
     print(f"a model of {parameters} parameter tensors: the timer's own work {cost * 1e6:.0f} us per step "
           f"({cost * 1e6 / parameters:.2f} us per parameter tensor)")
     dist.destroy_process_group()
+    if options.live:
+        flagged = live(options.live_steps)
+        print(f"live kcover run, 4 ranks of a DDP script without any kcover call, rank 2 throttled 1.2x from "
+              f"step 40, {options.live_steps} steps: flagged {flagged or 'nothing'} (rank, since step, slowdown)")
 
 
 if __name__ == "__main__":

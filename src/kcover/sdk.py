@@ -31,8 +31,10 @@ from time import perf_counter
 from types import TracebackType
 
 _FD_VARIABLE = "KCOVER_PROGRESS_FD"
-_steps = {"timed": 0}
-"""The next step number :func:`step_time` reports when it is not given one."""
+_PIPE_VARIABLE = "KCOVER_PROGRESS_PIPE"
+_steps = {"timed": 0, "checked": 0}
+"""``timed``: the next step number :func:`step_time` reports when it is not given one; ``checked``: the process
+that found its descriptor to be kcover's pipe."""
 
 
 def _send(text: str) -> None:
@@ -40,9 +42,21 @@ def _send(text: str) -> None:
     if not fd:
         return
     try:
+        if _steps["checked"] != os.getpid():
+            _check_pipe(int(fd))
+            _steps["checked"] = os.getpid()
         os.write(int(fd), text.encode())
     except (OSError, ValueError):
         os.environ.pop(_FD_VARIABLE, None)
+
+
+def _check_pipe(fd: int) -> None:
+    """Refuse a descriptor that is not kcover's pipe (``KCOVER_PROGRESS_PIPE`` names it): a child process
+    inherits the variables but not the pipe, and its descriptor of that number may be a log file or a socket."""
+    identity = os.environ.get(_PIPE_VARIABLE)
+    found = os.fstat(fd)
+    if identity and f"{found.st_dev}:{found.st_ino}" != identity:
+        raise ValueError(f"descriptor {fd} is not kcover's pipe")
 
 
 def progress(step: int) -> None:

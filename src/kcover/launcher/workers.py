@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib.util
 import os
 import signal
 import subprocess
@@ -37,6 +38,7 @@ import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 
 import psutil
 
@@ -88,6 +90,16 @@ def with_auto_timing(env: Mapping[str, str]) -> dict[str, str]:
     if path.split(os.pathsep)[0] == str(AUTO_TIMING):
         return dict(env)
     return {**env, "PYTHONPATH": f"{AUTO_TIMING}{os.pathsep}{path}" if path else str(AUTO_TIMING)}
+
+
+def load_auto_timing(name: str = "kcover_autotime_loaded") -> ModuleType:
+    """kcover's ``sitecustomize`` as a module of this process (for its tests and benchmark): loaded by path, its
+    start-up effects (the import hook) run only when Python itself runs it as ``sitecustomize``."""
+    spec = importlib.util.spec_from_file_location(name, AUTO_TIMING / "sitecustomize.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def launcher_mark() -> str:
@@ -210,7 +222,9 @@ def start_worker(spec: WorkerSpec, capture_output: bool = True, pass_fds: tuple[
     (a warm worker's order pipe, :mod:`kcover.launcher.warm`).
     """
     progress_read, progress_write = os.pipe()
-    env = {**with_auto_timing(spec.env), "KCOVER_PROGRESS_FD": str(progress_write), LAUNCHER_MARK: launcher_mark()}
+    pipe = os.fstat(progress_write)
+    env = {**with_auto_timing(spec.env), "KCOVER_PROGRESS_FD": str(progress_write),
+           "KCOVER_PROGRESS_PIPE": f"{pipe.st_dev}:{pipe.st_ino}", LAUNCHER_MARK: launcher_mark()}
     try:
         process = subprocess.Popen(
             list(spec.command),

@@ -26,7 +26,7 @@ import os
 import runpy
 import sys
 
-KEEP = ("KCOVER_PROGRESS_FD", "KCOVER_LAUNCHER")
+KEEP = ("KCOVER_PROGRESS_FD", "KCOVER_PROGRESS_PIPE", "KCOVER_LAUNCHER")
 PR_SET_NAME = 15
 """This process's own variables, kept whatever the order's environment says."""
 

@@ -13,12 +13,22 @@ model from the same seed, in order; with MARK_FD set, ``variant <name>`` is writ
   ``twice``       two hooks: the second registration's error is printed and the job goes on;
   ``accumulate``  two micro-batches per step, the first under ``no_sync``;
   ``eval``        a ``no_grad`` forward before every step;
-  ``compiled``    the DDP model under ``torch.compile`` (dynamo with the eager backend);
+  ``compiled``    the DDP model under ``torch.compile`` (dynamo with the eager backend; it says its graph breaks);
+  ``eval-mode``   an evaluation forward in ``eval()`` mode with gradients on (no backward) before every step;
+  ``sync-later``  two micro-batches, ``no_sync`` around the first one's forward only (DDP decides at the forward);
+  ``wait``        0.25 s of "waiting" (data, the optimizer) after each backward: not compute;
+  ``two-models``  a second DDP model (a discriminator) trained in the same steps;
+  ``copies``      the model is deep-copied and pickled after training;
+  ``freed``       three DDP models built, trained a step and deleted: it says how many are still alive;
   ``sdk``         the script also times its steps itself with ``kcover.step_time`` (2× the real time; it
                   silences kcover's own timer for the rest of the process, so it goes last).
 """
+import copy
+import gc
 import os
+import pickle
 import time
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -56,11 +66,42 @@ def register(model: DistributedDataParallel) -> None:
         print(f"hook refused: {error}", flush=True)
 
 
+def build_and_free() -> None:
+    built = []
+    for _ in range(3):
+        spare = DistributedDataParallel(torch.nn.Linear(32, 32))
+        spare(torch.randn(4, 32)).sum().backward()
+        built.append(weakref.ref(spare))
+        del spare
+    gc.collect()
+    print(f"freed: {sum(ref() is not None for ref in built)} still alive", flush=True)
+
+
+def earlier_micro_batches(model: DistributedDataParallel, variant: str, batch: torch.Tensor) -> None:
+    if variant == "eval":
+        with torch.no_grad():
+            model(batch)
+    if variant == "accumulate":
+        with model.no_sync():
+            model(batch).sum().backward()
+    if variant == "sync-later":
+        with model.no_sync():
+            early = model(batch)
+        early.sum().backward()
+    if variant == "eval-mode":
+        model.eval()
+        model(batch)
+        model.train()
+
+
 def train(variant: str) -> None:
     torch.manual_seed(0)
     calls[0] = 0
+    if variant == "freed":
+        build_and_free()
     inner = Chunks()
     model = DistributedDataParallel(inner)
+    other = DistributedDataParallel(torch.nn.Linear(32, 1)) if variant == "two-models" else None
     if variant in ("hook", "twice"):
         register(model)
     if variant == "twice":
@@ -74,12 +115,7 @@ def train(variant: str) -> None:
         inner.work = 39 if rank == 0 and step % 10 == 0 else 30
         if variant == "late-hook" and step == 2:
             register(model)
-        if variant == "eval":
-            with torch.no_grad():
-                model(batch)
-        if variant == "accumulate":
-            with model.no_sync():
-                model(batch).sum().backward()
+        earlier_micro_batches(model, variant, batch)
         if variant == "sdk":
             import kcover
             began = time.perf_counter()
@@ -87,11 +123,23 @@ def train(variant: str) -> None:
             kcover.step_time(2 * (time.perf_counter() - began), step)
         else:
             run(batch).sum().backward()
+        if other is not None:
+            other(batch).sum().backward()
+        if variant == "wait":
+            time.sleep(0.25)
         optimizer.step()
         optimizer.zero_grad()
         print(f"step {step}", flush=True)
+    if variant == "copies":
+        copy.deepcopy(model)
+        pickle.dumps(model)
+    if variant == "compiled":
+        breaks = sum(torch._dynamo.utils.counters["graph_break"].values())
+        print(f"graph breaks {breaks}", flush=True)
     print(f"{variant or 'plain'}: params {sum(p.double().sum().item() for p in model.parameters())!r}, "
           f"hook calls {calls[0]}", flush=True)
+    del model, run, other
+    gc.collect()  # the next variant's model is the one timed (one at a time)
 
 
 for name in os.environ.get("VARIANTS", "").split(","):
