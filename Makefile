@@ -58,3 +58,4 @@ bench: setup
 	$(BIN)/python -m bench.launcher_throughput
 	$(BIN)/python -m bench.report_size
 	$(BIN)/python -m bench.auto_timing
+	$(BIN)/python -m bench.peer_restore

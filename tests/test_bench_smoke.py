@@ -20,6 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
         ("bench.report_size", ["--attempts", "10", "--faults", "100"], "ratio"),
         ("bench.straggler_detection", ["--steps", "60", "--trials", "2", "--healthy-steps", "300"], "ratio"),
         ("bench.auto_timing", ["--rounds", "2", "--steps", "2"], "of the untimed step"),
+        ("bench.peer_restore", ["--size-mb", "8", "--repeats", "1", "--steps", "12", "--every", "2", "--rounds", "1",
+                                "--width", "64"], "for the lost ranks"),
     ],
 )
 def test_benchmark_runs(module: str, args: list[str], expect: str, tmp_path: Path) -> None:

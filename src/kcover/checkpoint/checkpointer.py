@@ -19,7 +19,14 @@ from shared memory when its snapshot is at least as new as the newest on disk
 block's checksum and falling back to older checkpoints with a warning.  Under
 ``torch.distributed`` the ranks agree on one step (:mod:`~kcover.checkpoint.agree`).
 On SIGTERM the newest snapshot is persisted before the process ends
-(:mod:`~kcover.checkpoint.emergency`).  Write failures never raise into the
+(:mod:`~kcover.checkpoint.emergency`).
+
+With ``replicas=N`` (:mod:`~kcover.checkpoint.replication`) each snapshot is
+also sent, on a second background thread, to the memory of N buddy ranks on
+other nodes; ``load_latest()`` then finds a lost node's steps in its buddies'
+memory (``source == "peer"``) and goes to the disk only when no step every
+rank can load is left in memory.  A save waits for (or, ``if_busy="skip"``,
+skips while) the previous snapshot's replication as it does for its persist.  Write failures never raise into the
 training loop: they are logged and kept in ``last_error``.
 
 Any number of Checkpointers may read one dir and rank, one may write it: the
@@ -60,7 +67,16 @@ from kcover.checkpoint.files import read_small
 from kcover.checkpoint.flatten import flatten
 from kcover.checkpoint.image import COMMITTED, Header, Image, Plan, make_plan, parse
 from kcover.checkpoint.lock import WriterLock
-from kcover.checkpoint.restore import Restored, load_from_disk, map_private, materialize, memory_image, usable_manifest
+from kcover.checkpoint.replication import check_replica_options, start_replication
+from kcover.checkpoint.restore import (
+    Restored,
+    load_from_disk,
+    map_private,
+    materialize,
+    memory_image,
+    peer_image,
+    usable_manifest,
+)
 from kcover.checkpoint.snapshot import Region, SnapshotBuffer, begin_snapshot, commit_snapshot, copy_tensors
 
 log = logging.getLogger("kcover.checkpoint")
@@ -93,7 +109,7 @@ def remove_snapshots(directory: str | os.PathLike[str], shared_memory: str | os.
     example = snapshot_path(folder, Path(directory), 0, job_id)
     prefix = example.name[: -len("00000.img")]
     removed = []
-    for path in folder.glob(prefix + "*.img"):
+    for path in [*folder.glob(prefix + "*.img"), *folder.glob(prefix + "*.img.next")]:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
             removed.append(path)
@@ -155,6 +171,8 @@ class Checkpointer:
         emergency_save: bool = True,
         trusted: bool = False,
         block_size: int = 64 << 20,
+        replicas: int = 0,
+        replica_bandwidth: float | None = None,
     ) -> None:
         if directory is None:
             directory = os.environ.get("KCOVER_CHECKPOINT_DIR") or None
@@ -164,6 +182,7 @@ class Checkpointer:
             raise ValueError("keep_last and keep_every must be ≥ 1, if_busy 'wait' or 'skip'")
         if block_size < MIN_BLOCK_SIZE:
             raise ValueError(f"block_size must be ≥ {MIN_BLOCK_SIZE} bytes, not {block_size}")
+        check_replica_options(replicas, replica_bandwidth)
         self.directory = Path(directory).absolute()
         self.rank = _env_int("RANK", 0) if rank is None else rank
         self.world_size = _env_int("WORLD_SIZE", 1) if world_size is None else world_size
@@ -183,6 +202,19 @@ class Checkpointer:
             log.warning("kcover checkpoint: shared-memory folder %s does not exist; snapshots go to private "
                         "memory (no instant restore after a restart)", folder)
         self._buffer = SnapshotBuffer(shm)
+        self._replication = start_replication(shm, replicas, replica_bandwidth, self.rank, self.world_size)
+        self._replica_thread: threading.Thread | None = None
+        self._stop_replication = threading.Event()
+        if self._replication is not None:  # a Checkpointer dropped without close() stops serving all the same
+            weakref.finalize(self, self._replication.close)
+        try:
+            self._set_up(job_id, emergency_save)
+        except BaseException:
+            if self._replication is not None:
+                self._replication.close()
+            raise
+
+    def _set_up(self, job_id: str | None, emergency_save: bool) -> None:
         self._token = _dir_token(self.directory)
         self._writer = WriterLock(self.directory, self.rank)
         self._verified: set[int] = set()  # steps this Checkpointer wrote or read back whole from disk
@@ -278,6 +310,8 @@ class Checkpointer:
                 self._thread = threading.Thread(target=self._finish_in_background, args=(step, rest, persist),
                                                 name="kcover-snapshot")
                 self._thread.start()
+        if overlap is None:
+            self._replicate_in_background(step, plan.total)
         if overlap is None and persist:
             self._thread = threading.Thread(target=self._persist, args=(step, plan.total), name="kcover-persist")
             self._thread.start()
@@ -306,8 +340,18 @@ class Checkpointer:
             return
         self._finish_snapshot(step, region, plan, devices)
         self._snapshotted.set()
+        self._replicate_in_background(step, plan.total)
         if persist:
             self._persist(step, plan.total)
+
+    def _replicate_in_background(self, step: int, size: int) -> None:
+        """Send the snapshot just committed to the buddies; the buffer is not reused until that is done."""
+        if self._replication is None:
+            return
+        self._replica_thread = threading.Thread(
+            target=self._replication.push_all, args=(step, self._buffer.view()[:size], self._stop_replication),
+            name="kcover-replicate")
+        self._replica_thread.start()
 
     def _watch_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """Once per optimizer: its ``step()`` first waits for a snapshot still being copied."""
@@ -349,14 +393,16 @@ class Checkpointer:
 
     @property
     def busy(self) -> bool:
-        """True while a snapshot is being copied (``overlap``) or persisted."""
-        return self._thread is not None and self._thread.is_alive()
+        """True while a snapshot is being copied (``overlap``), persisted or sent to the buddies."""
+        return any(thread is not None and thread.is_alive() for thread in (self._thread, self._replica_thread))
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Wait for the snapshot in flight to be persisted; True when nothing is in flight any more."""
-        thread = self._thread
-        if thread is not None:
-            thread.join(timeout)
+        """Wait for the snapshot in flight to be persisted and replicated; True when nothing is in flight any more."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for name in ("_thread", "_replica_thread"):  # in this order: the first may start the second
+            thread = getattr(self, name)
+            if thread is not None:
+                thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
         return not self.busy
 
     def _persist(self, step: int, size: int) -> None:
@@ -393,6 +439,7 @@ class Checkpointer:
         Holds the snapshot lock throughout, so no new snapshot can overwrite the bytes being written.
         """
         self._stopping = True
+        self._stop_replication.set()  # a replica in flight is abandoned within half a second: persisting comes first
         began = time.perf_counter()
         with self._lock:
             self.wait()
@@ -469,12 +516,35 @@ class Checkpointer:
             self._buffer.freeze(private)  # the next snapshot must not overwrite what the restored tensors see
         return torch.frombuffer(private, dtype=torch.uint8), parse(memoryview(private), str(self._buffer.path))
 
-    def _load_step(self, step: int, memory_step: int | None, disk_steps: dict[int, list[int]],
-                   device: torch.device | None) -> Restored | None:
+    def _load_peer(self, step: int, keepers: list[int], device: torch.device | None) -> Restored | None:
+        """This rank's replica of ``step`` from the first keeper that has it whole."""
+        assert self._replication is not None
+        for keeper in keepers:
+            where = f"the replica kept by {self._replication.where(keeper)}"
+            try:
+                data = self._replication.fetch(keeper, step)
+                if data is None:
+                    continue
+                image = peer_image(data, where, step, self.rank, self.world_size, self._token)
+            except (CheckpointError, OSError) as exc:
+                log.warning("kcover checkpoint: step %d: %s", step, exc)
+                if isinstance(exc, WorldSizeChangedError):
+                    self._world_changed = exc
+                continue
+            return materialize(step, data, image, "peer", where, device, self.trusted)
+        return None
+
+    def _load_step(self, step: int, memory_step: int | None, peer_steps: dict[int, list[int]],
+                   disk_steps: dict[int, list[int]], device: torch.device | None) -> Restored | None:
+        """``step`` from the fastest place that has it whole: own memory, a buddy's memory, the disk."""
         if step == memory_step:
             loaded = self._load_memory()
             if loaded is not None:
                 return materialize(step, *loaded, "memory", str(self._buffer.path), device, self.trusted)
+        if step in peer_steps:
+            restored = self._load_peer(step, peer_steps[step], device)
+            if restored is not None:
+                return restored
         for rank in disk_steps.get(step, []):
             try:
                 data, image = load_from_disk(self.directory, step, rank, self.world_size)
@@ -501,7 +571,9 @@ class Checkpointer:
         self.wait()
         memory_step = self._memory_step()
         disk_steps = self._disk_steps()
-        steps = sorted(set(disk_steps) | ({memory_step} if memory_step is not None else set()), reverse=True)
+        peer_steps = self._replication.inventory() if self._replication is not None else {}
+        steps = sorted(set(disk_steps) | set(peer_steps) | ({memory_step} if memory_step is not None else set()),
+                       reverse=True)
         self._world_changed = None
         loaded: Restored | None = None
         failed: set[int] = set()
@@ -513,7 +585,8 @@ class Checkpointer:
             if step in failed or step not in steps:
                 return False
             loaded = None  # at most one restored state held at a time
-            loaded = self._load_step(step, memory_step, disk_steps, None if device is None else torch.device(device))
+            loaded = self._load_step(step, memory_step, peer_steps, disk_steps,
+                                     None if device is None else torch.device(device))
             if loaded is None:
                 failed.add(step)
             return loaded is not None
@@ -521,21 +594,32 @@ class Checkpointer:
         def best_at_most(bound: int) -> int:
             return next((s for s in steps if s <= bound and load(s)), NONE)
 
-        step = agree_on_step(best_at_most, load)
+        step = agree_on_step(best_at_most, load)  # an error here (no memory, a peer gone) keeps every replica
         if step == NONE:
+            self._forget_replicas(None)  # the job starts over: what is kept belongs to a timeline it abandoned
             if self._world_changed is not None:
                 raise self._world_changed
+            if steps:
+                log.warning("kcover checkpoint: rank %d holds step(s) %s, but no step that every rank can load: "
+                            "nothing is restored", self.rank, ", ".join(map(str, steps[:5])))
             return None
         load(step)
         assert loaded is not None
-        if loaded.source == "memory":
-            log.info("kcover checkpoint: step %d restored from shared memory", step)
+        self._forget_replicas(step)
+        if loaded.source != "disk":
+            log.info("kcover checkpoint: step %d restored from %s", step, loaded.where)
         return loaded
+
+    def _forget_replicas(self, restored: int | None) -> None:
+        """Replicas kept here of steps after the one restored belong to a timeline the job has abandoned."""
+        if self._replication is not None:
+            self._replication.store.drop_newer_than(restored)
 
     # lifetime -------------------------------------------------------------------------------------------------
 
     def close(self, remove_snapshot: bool = False) -> None:
-        """Finish the persist in flight and release the snapshot buffer (deleted only if ``remove_snapshot``)."""
+        """Finish the persist and replication in flight and release the snapshot buffer (deleted only if
+        ``remove_snapshot``, together with the replicas this rank keeps for its peers)."""
         if self._closed:
             return
         self.wait()
@@ -546,6 +630,8 @@ class Checkpointer:
             self._unpersisted = None
             self._buffer.close(remove=remove_snapshot)
             self._writer.release()
+        if self._replication is not None:
+            self._replication.close(remove=remove_snapshot)
 
     def __enter__(self) -> Checkpointer:
         return self

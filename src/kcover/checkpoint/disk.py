@@ -25,18 +25,17 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import queue
 import re
-import threading
 import time
-import zlib
 from collections.abc import Collection, Iterator
 from pathlib import Path
 
 import torch
 
-from kcover.checkpoint.errors import CheckpointError, CheckpointWriteError, CorruptCheckpointError
+from kcover.checkpoint.checksums import Checksums
+from kcover.checkpoint.errors import CheckpointWriteError, CorruptCheckpointError
 from kcover.checkpoint.files import open_regular, read_small, regular_size
+from kcover.checkpoint.landing import landing_buffer
 from kcover.checkpoint.manifest import Manifest
 
 MANIFEST_LIMIT = 64 << 20  # 5 million block checksums; a manifest is read only up to this size
@@ -67,39 +66,6 @@ def _write_all(fd: int, data: memoryview) -> None:
         data = data[written:]
 
 
-class _Checksums:
-    """CRC-32 of each block on a helper thread, so checksumming overlaps the I/O (both release the GIL).
-
-    Not a ThreadPoolExecutor: those refuse work once the interpreter is shutting down, which is exactly when
-    a persist still in flight must finish.  If no thread can be started the checksums are computed inline.
-    """
-
-    def __init__(self) -> None:
-        self.values: list[int] = []
-        self._blocks: queue.SimpleQueue[memoryview | None] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = threading.Thread(target=self._run, name="kcover-crc", daemon=True)
-        try:
-            self._thread.start()
-        except RuntimeError:
-            self._thread = None
-
-    def _run(self) -> None:
-        while (block := self._blocks.get()) is not None:
-            self.values.append(zlib.crc32(block))
-
-    def add(self, block: memoryview) -> None:
-        if self._thread is None:
-            self.values.append(zlib.crc32(block))
-        else:
-            self._blocks.put(block)
-
-    def finish(self) -> list[int]:
-        if self._thread is not None:
-            self._blocks.put(None)
-            self._thread.join()
-        return self.values
-
-
 def _create(path: Path) -> int:
     """Create ``path`` and its folder.  Another rank may remove the folder while it is empty (pruning), so a
     vanished folder is made again; once our file is in it, nobody removes it."""
@@ -121,7 +87,7 @@ def _write_file(path: Path, data: memoryview, block_size: int) -> list[int]:
         except OSError as exc:
             if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
                 raise
-        checksums = _Checksums()
+        checksums = Checksums()
         try:
             for start in range(0, len(data), block_size):
                 block = data[start : start + block_size]
@@ -225,9 +191,9 @@ def read_verified(root: Path, manifest: Manifest) -> torch.Tensor:
             size = os.fstat(source.fileno()).st_size
             if size != manifest.size:
                 raise CorruptCheckpointError(f"{path}: {size} bytes, the manifest says {manifest.size} (truncated?)")
-            data = _allocate(size, path)
+            data = landing_buffer(size, str(path))
             view = data.numpy().data
-            checksums = _Checksums()
+            checksums = Checksums()
             try:
                 for start in range(0, size, manifest.block_size):
                     block = view[start : start + manifest.block_size]
@@ -245,13 +211,6 @@ def read_verified(root: Path, manifest: Manifest) -> torch.Tensor:
     except OSError as exc:
         raise CorruptCheckpointError(f"{path}: {exc.strerror or exc}") from None
     return data
-
-
-def _allocate(size: int, path: Path) -> torch.Tensor:
-    try:
-        return torch.empty(size, dtype=torch.uint8)
-    except (RuntimeError, MemoryError):
-        raise CheckpointError(f"{path}: cannot allocate {size} bytes of memory to read it") from None
 
 
 def _own_files(folder: Path, rank: int) -> Iterator[Path]:

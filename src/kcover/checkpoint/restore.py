@@ -6,7 +6,8 @@ committed and was written by this rank, for this checkpoint dir (its token) and
 tensors a private copy-on-write mapping of it: restoring costs no copy, and
 writes to restored tensors never reach the snapshot.  :func:`load_from_disk`
 checks the manifest, the world size, every block's checksum and the step
-inside the image.  :func:`materialize` turns an image into the user's state.
+inside the image; :func:`peer_image` checks a replica fetched from a buddy.
+:func:`materialize` turns an image into the user's state.
 Called by :meth:`kcover.checkpoint.Checkpointer.load_latest`.
 """
 
@@ -28,7 +29,7 @@ from kcover.checkpoint.image import COMMITTED, Image, parse, tensor_views
 from kcover.checkpoint.manifest import Manifest
 from kcover.checkpoint.snapshot import SnapshotBuffer
 
-Source = Literal["memory", "disk"]
+Source = Literal["memory", "peer", "disk"]
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,18 @@ class Restored:
     state: Any
     source: Source
     where: str
+
+
+def peer_image(data: torch.Tensor, where: str, step: int, rank: int, world_size: int, token: str) -> Image:
+    """A replica fetched from a keeper, checked as a memory snapshot is; raises CorruptCheckpointError."""
+    image = parse(data.numpy().data, where)
+    header = image.header
+    if header.state != COMMITTED or header.step != step or header.rank != rank or image.token != token:
+        raise CorruptCheckpointError(f"{where}: not rank {rank}'s committed snapshot of step {step} for this "
+                                     "checkpoint dir")
+    if header.world_size != world_size and not image.replicated:
+        raise WorldSizeChangedError(f"{where}: saved by {header.world_size} ranks, this job has {world_size}")
+    return image
 
 
 def memory_image(buffer: SnapshotBuffer, rank: int, world_size: int, token: str) -> Image | None:

@@ -7,7 +7,8 @@ can start), naming the option, the value and what is allowed; :func:`validate`
 does that first and then refuses a command that cannot run or a state dir that
 cannot be written (exit 2, nothing started).  :func:`worker_specs` lays the ranks out
 on simulated nodes and builds each worker's environment: the variables
-``torchrun`` sets, so an unchanged torchrun script runs, plus ``KCOVER_*``.
+``torchrun`` sets, so an unchanged torchrun script runs, plus ``KCOVER_*``
+(each node's own shared memory: :mod:`~kcover.launcher.node_memory`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 from kcover.decide.policy import RecoveryPolicy
 from kcover.decide.straggler_action import StragglerAction
 from kcover.launcher.inject import Injection
+from kcover.launcher.node_memory import memory_root, node_memory
 from kcover.launcher.workers import WorkerSpec, torchrun_env
 
 
@@ -130,10 +132,13 @@ def validate(spec: RunSpec) -> None:
 def worker_specs(
     spec: RunSpec, nodes: Sequence[str], attempt: int, restarts: int, master_port: int, attempt_dir: Path
 ) -> list[WorkerSpec]:
-    """One spec per rank, ranks laid out node by node."""
+    """One spec per rank, ranks laid out node by node; each node with a shared-memory folder of its own."""
     world = spec.nproc_per_node * len(nodes)
     specs = []
+    memory = memory_root(spec.state_dir)
     for group_rank, node in enumerate(nodes):
+        folder = node_memory(memory, node) if memory is not None else None
+        shared = {"KCOVER_SHARED_MEMORY": str(folder)} if folder is not None else {}
         for local_rank in range(spec.nproc_per_node):
             rank = group_rank * spec.nproc_per_node + local_rank
             env = dict(os.environ)
@@ -145,6 +150,7 @@ def worker_specs(
                 "KCOVER_CHECKPOINT_DIR": str((spec.state_dir / "checkpoints").resolve()),
                 "KCOVER_ERROR_FILE": str((attempt_dir / f"error-rank{rank}.json").resolve()),
                 "TORCHELASTIC_ERROR_FILE": str((attempt_dir / f"error-rank{rank}.json").resolve()),
+                **shared,
             })
             specs.append(WorkerSpec(rank, local_rank, node, group_rank, spec.command, env))
     return specs

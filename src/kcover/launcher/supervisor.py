@@ -33,6 +33,7 @@ from kcover.launcher import statedir
 from kcover.launcher.attempt import TICK, Attempt, AttemptPlan
 from kcover.launcher.history import AttemptTimeline, History
 from kcover.launcher.inject import Injector
+from kcover.launcher.node_memory import forget_node, memory_root
 from kcover.launcher.reporting import AttemptRecord, ConsoleReporter, Reporter, RunResult
 from kcover.launcher.result import AttemptOutcome, AttemptResult
 from kcover.launcher.spec import RunSpec, validate
@@ -151,6 +152,9 @@ class Supervisor:
         end = AttemptEnd(ended.verdict, plan.nodes, ended.hung_at, ran_for=ended.ended - plan.started)
         decision, state = decide(self.spec.policy, state, end)
         self.reporter.event("decision", decision.reason)
+        if decision.kind is not DecisionKind.FAIL:
+            for node in set(plan.nodes) - set(decision.nodes):  # replaced or dropped: its memory is gone with it
+                forget_node(memory_root(self.spec.state_dir), node)
         if decision.kind is DecisionKind.FAIL:
             life.move(JobPhase.FAILED, time.monotonic())
             result.status, result.reason = JobPhase.FAILED, decision.reason

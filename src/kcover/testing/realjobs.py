@@ -51,6 +51,7 @@ def trainer_job(
     grace: int = 10,
     opted_in: bool = False,
     in_place: bool = False,
+    node_memory: Path | None = None,
     project_root: Path,
 ) -> dict[str, Any]:
     """An Indexed Job of ``pods`` trainer ranks on ``pool``'s nodes (``prefer``: first choice).
@@ -60,6 +61,9 @@ def trainer_job(
     ``in_place``: the trainer runs under ``kcover pod``, with the pod's
     ``kcover.io/generation`` (and ``kcover.io/inject``) mounted as the README
     shows, so it restarts in place (and takes ``kcover inject``'s orders).
+    ``node_memory``: each node's shared memory is a folder of its own,
+    ``<node_memory>/<node name>`` (``KCOVER_SHARED_MEMORY``), as ``/dev/shm`` is
+    on separate machines: a pod moved to another node does not find its snapshot.
     """
     env = {
         "WORLD_SIZE": str(pods),
@@ -72,10 +76,15 @@ def trainer_job(
     }
     trainer = [sys.executable, "-m", TRAINER]
     command = [sys.executable, "-m", "kcover", "pod", "--grace-period", str(max(1, grace - 2)), "--", *trainer]
+    writable = {"/ckpt": checkpoints, **({"/node-memory": node_memory} if node_memory else {})}
     spec = host_runtime_pod(
         "trainer", command if in_place else trainer, project_root=project_root,
-        grace_seconds=grace, env=env, writable={"/ckpt": checkpoints},
+        grace_seconds=grace, env=env, writable=writable,
     )
+    if node_memory:  # $(NODE_NAME) is expanded by the kubelet from the variable defined before it
+        spec["containers"][0]["env"][:0] = [
+            {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+            {"name": "KCOVER_SHARED_MEMORY", "value": "/node-memory/$(NODE_NAME)"}]
     if in_place:
         spec["containers"][0]["volumeMounts"].append({"name": "kcover-generation", "mountPath": "/etc/kcover"})
         spec["volumes"].append({"name": "kcover-generation", "downwardAPI": {"items": [

@@ -10,7 +10,8 @@ written to ``KCOVER_CHECKPOINT_DIR``; on SIGTERM the Checkpointer persists the
 newest snapshot before the process ends.  It prints ``rank R joined the process
 group of W`` after the rendezvous, ``resumed from step N (source)`` once and
 ``step N loss X`` per step, then sleeps ``STEP_SECONDS``; after ``STEPS`` steps
-it prints ``done`` and exits 0.
+it prints ``done`` and exits 0.  ``REPLICAS=N`` keeps each snapshot in the memory of N
+buddy ranks on other nodes too (the shared-memory folder is created if missing).
 A hang on demand: when the file ``HANG_FILE`` exists, rank ``HANG_RANK`` removes it
 after step ``HANG_AFTER`` and stops stepping (its peers then wait in the collective).
 """
@@ -43,7 +44,9 @@ def main() -> None:
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
     ddp: nn.Module = nn.parallel.DistributedDataParallel(model) if world > 1 else model
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05)
-    checkpoints = Checkpointer(rank=rank, world_size=world)
+    if os.environ.get("KCOVER_SHARED_MEMORY"):
+        Path(os.environ["KCOVER_SHARED_MEMORY"]).mkdir(parents=True, exist_ok=True)
+    checkpoints = Checkpointer(rank=rank, world_size=world, replicas=int(os.environ.get("REPLICAS", "0")))
     restored = checkpoints.load_latest()
     start = 0
     if restored is not None:

@@ -2,6 +2,7 @@
 
 Snapshots into shared memory every step, persists every 5th, restores with
 ``load_latest()`` (all ranks agree on the step) and prints where it resumed.
+``REPLICAS=N`` keeps each snapshot in N buddies' memory too.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ torch.manual_seed(0)
 model = nn.Linear(8, 1)
 ddp = nn.parallel.DistributedDataParallel(model)
 optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
-checkpointer = Checkpointer(keep_last=2)
+checkpointer = Checkpointer(keep_last=2, replicas=int(os.environ.get("REPLICAS", "0")))
 restored = checkpointer.load_latest()
 start = 0
 if restored is not None:

@@ -1,0 +1,53 @@
+"""Each simulated node's shared memory: a folder of its own, emptied when the node is lost.
+
+On a real cluster a node's ``/dev/shm`` dies with the node; on one machine
+every worker would otherwise share it, and a rank moved to a spare node would
+find its old snapshot there as if nothing had happened.  ``kcover run`` gives
+every simulated node ``<shm>/kcover-nodes-<run>/<node>`` (``<shm>`` is
+``KCOVER_SHARED_MEMORY`` when set, else ``/dev/shm``; ``<run>`` is a digest of
+the state dir, so a later run of the same job finds its snapshots) as the
+workers' ``KCOVER_SHARED_MEMORY``, and empties a node's folder when the node
+leaves the job (blamed and replaced by a spare, or dropped).  Snapshots of
+ranks on that node must then come from a peer's replica or from the disk, as
+they would on a cluster.  Called by :mod:`~kcover.launcher.spec` and
+:mod:`~kcover.launcher.supervisor`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+
+
+def memory_root(state_dir: Path, env: Mapping[str, str] = os.environ) -> Path | None:
+    """The folder holding every simulated node's shared memory; None where there is none that can be
+    written (the workers then get ``KCOVER_SHARED_MEMORY`` as it was, and the Checkpointer says so)."""
+    base = Path(env.get("KCOVER_SHARED_MEMORY") or "/dev/shm").absolute()
+    digest = hashlib.sha1(str(state_dir.resolve()).encode()).hexdigest()[:12]
+    root = base / f"kcover-nodes-{digest}"
+    try:
+        if base.is_dir():
+            root.mkdir(exist_ok=True)
+            return root if root.is_dir() and os.access(root, os.W_OK) else None
+    except OSError:
+        pass
+    return None
+
+
+def node_memory(root: Path, node: str) -> Path | None:
+    """``node``'s shared-memory folder, created if missing; None if it cannot be."""
+    folder = root / node
+    try:
+        folder.mkdir(exist_ok=True)
+    except OSError:
+        return None
+    return folder
+
+
+def forget_node(root: Path | None, node: str) -> None:
+    """``node`` left the job: what its memory held is gone."""
+    if root is not None:
+        shutil.rmtree(root / node, ignore_errors=True)
