@@ -39,9 +39,7 @@ def lose_a_node(tmp_path: Path, replicas: int) -> list[str]:
     document = json.loads(done.stdout)
     assert done.returncode == 0, (document, done.stderr[-2000:])
     assert document["restarts"] == 1 and document["attempts"][1]["nodes"] == ["node-0", "node-2"]
-    (nodes,) = tmp_path.glob("kcover-nodes-*")  # each simulated node's shared memory; the lost one is gone
-    assert sorted(p.name for p in nodes.iterdir()) == ["node-0", "node-2"]
-    assert not list(nodes.rglob("*.img*"))  # close(remove_snapshot=True): snapshots and kept replicas gone
+    assert not list(tmp_path.glob("kcover-nodes-*"))  # the job finished: its nodes' shared memory is freed
     logs = [(Path(document["run_dir"]) / "attempt-2" / f"rank{r}.log").read_text() for r in range(4)]
     return [next(line for line in log.splitlines() if line.startswith("resumed"))[:-len(" attempt 2")] for log in logs]
 

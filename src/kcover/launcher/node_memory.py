@@ -7,7 +7,9 @@ every simulated node ``<shm>/kcover-nodes-<run>/<node>`` (``<shm>`` is
 ``KCOVER_SHARED_MEMORY`` when set, else ``/dev/shm``; ``<run>`` is a digest of
 the state dir, so a later run of the same job finds its snapshots) as the
 workers' ``KCOVER_SHARED_MEMORY``, and empties a node's folder when the node
-leaves the job (blamed and replaced by a spare, or dropped).  Snapshots of
+leaves the job (blamed and replaced by a spare, or dropped).  When the run
+succeeds the whole folder goes (a finished job holds no memory); otherwise only
+its empty folders do, and the snapshots wait for the next run of the job.  Snapshots of
 ranks on that node must then come from a peer's replica or from the disk, as
 they would on a cluster.  Called by :mod:`~kcover.launcher.spec` and
 :mod:`~kcover.launcher.supervisor`.
@@ -15,6 +17,7 @@ they would on a cluster.  Called by :mod:`~kcover.launcher.spec` and
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -51,3 +54,15 @@ def forget_node(root: Path | None, node: str) -> None:
     """``node`` left the job: what its memory held is gone."""
     if root is not None:
         shutil.rmtree(root / node, ignore_errors=True)
+
+
+def tidy(root: Path | None, finished: bool) -> None:
+    """At the run's end: everything if the job ``finished``, else only empty folders."""
+    if root is None:
+        return
+    if finished:
+        shutil.rmtree(root, ignore_errors=True)
+        return
+    for folder in [*sorted(root.glob("*")), root]:
+        with contextlib.suppress(OSError):
+            folder.rmdir()  # only if empty

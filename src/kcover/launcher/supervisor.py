@@ -33,7 +33,7 @@ from kcover.launcher import statedir
 from kcover.launcher.attempt import TICK, Attempt, AttemptPlan
 from kcover.launcher.history import AttemptTimeline, History
 from kcover.launcher.inject import Injector
-from kcover.launcher.node_memory import forget_node, memory_root
+from kcover.launcher.node_memory import forget_node, memory_root, tidy
 from kcover.launcher.reporting import AttemptRecord, ConsoleReporter, Reporter, RunResult
 from kcover.launcher.result import AttemptOutcome, AttemptResult
 from kcover.launcher.spec import RunSpec, validate
@@ -106,6 +106,7 @@ class Supervisor:
             result.excluded = state.excluded
             if result.status is JobPhase.RUNNING:
                 result.status, result.reason = JobPhase.FAILED, "kcover itself failed"
+            tidy(memory_root(spec.state_dir), finished=result.status is JobPhase.SUCCEEDED)
             self._record(history.end_run, run_id, time.time(), result.status, result.restarts, result.ettr,
                          result.root, result.reason, result.excluded, final=True)
             guardian.release()
