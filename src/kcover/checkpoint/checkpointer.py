@@ -26,8 +26,10 @@ also sent, on a second background thread, to the memory of N buddy ranks on
 other nodes; ``load_latest()`` then finds a lost node's steps in its buddies'
 memory (``source == "peer"``) and goes to the disk only when no step every
 rank can load is left in memory.  A save waits for (or, ``if_busy="skip"``,
-skips while) the previous snapshot's replication as it does for its persist.  Write failures never raise into the
-training loop: they are logged and kept in ``last_error``.
+skips while) the previous snapshot's replication as it does for its persist.
+
+Write failures never raise into the training loop: they are logged and kept in
+``last_error``.
 
 Any number of Checkpointers may read one dir and rank, one may write it: the
 first ``save`` or ``reserve`` takes the writer lock (:mod:`~kcover.checkpoint.lock`);
