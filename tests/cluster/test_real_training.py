@@ -188,30 +188,38 @@ def test_whole_story_xid_on_a_real_node_quarantines_it_and_training_resumes_else
 def test_a_lost_nodes_rank_resumes_on_a_new_node_from_its_buddys_memory(
         test_cluster: TestCluster, test_namespace: str, tmp_path: Path) -> None:
     """As above, with ``replicas=1`` and no periodic persist: each node's shared memory is a folder of its own,
-    so rank 1's snapshot dies with node B.  The replacement pod on a new node fetches rank 1's replica from
-    the buddy's node (a real TCP side channel between the pods) and the job resumes where it stopped, not
-    from scratch (the disk holds no step of rank 1 at all)."""
+    so rank 1's snapshot dies with node B.  Rank 1 pauses after step 12 (so both ranks hold step 12 and
+    nothing newer: a rank killed between its peer's save of a step and its own would leave no step both can
+    load, the known gap), then B fails.  The replacement pod on a new node fetches rank 1's replica from the
+    buddy's node (a real TCP side channel between the pods) and the job resumes at step 12, not from
+    scratch (the disk holds no step of rank 1 at all)."""
     pool = RealNodePool(test_cluster, test_cluster.binaries.path("kubelet"))
     try:
         nodes = pool.add(3, prefix="peer-")
+        (tmp_path / "ckpt").mkdir()
+        (tmp_path / "ckpt" / "pause-once").touch()
         with kcover_watching(test_cluster, pool, nodes, test_namespace, tmp_path):
             job = trainer_job("peer", test_namespace, pool, 2, checkpoints=tmp_path / "ckpt", prefer=nodes[:2],
                               opted_in=True, node_memory=tmp_path / "node-memory", project_root=ROOT,
-                              env={"STEPS": "60", "PERSIST_EVERY": "1000", "STEP_SECONDS": "0.15", "REPLICAS": "1"})
+                              env={"STEPS": "40", "PERSIST_EVERY": "1000", "STEP_SECONDS": "0.15", "REPLICAS": "1",
+                                   "HANG_FILE": "/ckpt/pause-once", "HANG_AFTER": "12", "HANG_RANK": "1"})
             test_cluster.api.post(f"/apis/batch/v1/namespaces/{test_namespace}/jobs", job)
-            first = ranks_past(test_cluster, pool, test_namespace, "peer", 12)
+            first = test_cluster.wait_for(
+                lambda: (p := pods_of(test_cluster, test_namespace, "peer")) and len(p) == 2
+                and any("rank 1 stops stepping after step 12" in pod_log(pool, x) for x in p) and p, 180,
+                "rank 1 to pause after step 12")
             victim = next(p for p in first if index_of(p) == "1")
             bad = victim["spec"]["nodeName"]
+            time.sleep(1.0)  # the paused rank's last replica is on its way (a few kB; sent in milliseconds)
             with (tmp_path / f"{bad}.kmsg").open("a") as kmsg:
                 kmsg.write(KMSG_XID)
             assert kill_trainers_on(pool, bad)
-            seen = last_step(pod_log(pool, victim))
             renewed, step = finished_again(test_cluster, pool, test_namespace, "peer",
                                            {p["metadata"]["uid"] for p in first})
         assert bad not in {p["spec"]["nodeName"] for p in renewed}
         sources = {index_of(p): RESUMED.search(pod_log(pool, p)) for p in renewed}
         assert sources["1"] is not None and sources["1"].group(2) == "peer"
-        assert step >= seen - 1 > 10  # the newest replica, or the one before it if the newest was in flight
+        assert step == 12
         assert not list((tmp_path / "ckpt").glob("step-*/rank-00001.json"))  # nothing of rank 1 on disk
     finally:
         left = pool.stop()

@@ -29,7 +29,7 @@ def memory_root(state_dir: Path, env: Mapping[str, str] = os.environ) -> Path | 
     """The folder holding every simulated node's shared memory; None where there is none that can be
     written (the workers then get ``KCOVER_SHARED_MEMORY`` as it was, and the Checkpointer says so)."""
     base = Path(env.get("KCOVER_SHARED_MEMORY") or "/dev/shm").absolute()
-    digest = hashlib.sha1(str(state_dir.resolve()).encode()).hexdigest()[:12]
+    digest = hashlib.sha1(os.fsencode(state_dir.resolve())).hexdigest()[:12]  # any bytes a path may hold
     root = base / f"kcover-nodes-{digest}"
     try:
         if base.is_dir():
