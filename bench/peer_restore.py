@@ -130,10 +130,8 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, default=None, help="where the checkpoints go (default: a temp dir)")
     options = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="kcover-peer-bench-", dir=options.dir))
-    (root / "shm").mkdir()
     shm_root = Path(tempfile.mkdtemp(prefix="kcover-peer-bench-", dir="/dev/shm"))
-    (root / "shm").rmdir()
-    (root / "shm").symlink_to(shm_root)
+    (root / "shm").symlink_to(shm_root)  # the simulated nodes' shared memory is real shared memory
     try:
         restore = restore_figures(root, options.size_mb, options.repeats)
         train = training_figures(root, options.steps, options.every, options.rounds, options.width)

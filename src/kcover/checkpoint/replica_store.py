@@ -30,7 +30,6 @@ import mmap
 import os
 import re
 import secrets
-import stat
 import threading
 import time
 from collections.abc import Callable
@@ -39,7 +38,7 @@ from pathlib import Path
 
 from kcover.checkpoint.checksums import Checksums
 from kcover.checkpoint.errors import CheckpointWriteError
-from kcover.checkpoint.files import open_regular
+from kcover.checkpoint.files import open_regular, regular_size
 
 log = logging.getLogger("kcover.checkpoint")
 KEEP = 2
@@ -57,14 +56,6 @@ class Held:
     step: int
     crc32: int
     path: Path
-
-
-def _regular(path: Path) -> bool:
-    """A regular file, not a symlink, a FIFO or a directory that happens to carry a replica's name."""
-    try:
-        return stat.S_ISREG(path.lstat().st_mode)
-    except OSError:
-        return False
 
 
 class ReplicaStore:
@@ -97,7 +88,7 @@ class ReplicaStore:
         with contextlib.suppress(OSError):
             for path in self.folder.glob(f"{self.prefix}*.replica-s*.img"):
                 match = _NAME.search(path.name)
-                if match and _regular(path):
+                if match and regular_size(path) is not None:  # not a symlink, FIFO or folder
                     found.append(Held(int(match.group(1)), int(match.group(2)), int(match.group(3), 16), path))
         return sorted(found, key=lambda h: (h.rank, h.step))
 
