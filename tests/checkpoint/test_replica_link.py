@@ -18,7 +18,7 @@ import pytest
 from kcover.checkpoint import replica_link
 from kcover.checkpoint.buddies import Peer, buddies_of
 from kcover.checkpoint.errors import CheckpointWriteError, CorruptCheckpointError
-from kcover.checkpoint.replica_store import ReplicaStore
+from kcover.checkpoint.replica_store import STALE_PARTIAL_SECONDS, ReplicaStore
 
 SECRET = b"s" * replica_link.SECRET_SIZE
 PREFIX = "kcover-0123456789abcdef-rank"
@@ -67,6 +67,68 @@ def test_pushed_replicas_come_back_byte_for_byte_and_only_two_steps_are_kept(
     assert replica_link.fetch("127.0.0.1", server.port, SECRET, 4, 3) is None  # nobody's replica
     server.store.drop_newer_than(2)
     assert [h.step for h in server.store.held()] == [2]
+
+
+def test_a_new_replica_reuses_the_oldest_ones_file_and_a_failed_one_leaves_the_newest(
+        server: replica_link.ReplicaServer) -> None:
+    assert push(server, 1, b"1" * 300_000) and push(server, 2, b"2" * 200_000)
+    oldest = server.store.find(3, 1)
+    assert oldest is not None
+    inode = oldest.path.stat().st_ino
+    assert push(server, 3, b"3" * 100_000)  # shorter than the file it is written into
+    assert [h.step for h in server.store.held()] == [2, 3]
+    newest = server.store.find(3, 3)
+    assert newest is not None and newest.path.stat().st_ino == inode  # step 1's pages, reused
+    assert newest.path.read_bytes() == b"3" * 100_000  # cut to its own length: nothing of step 1 is left
+    fetched = replica_link.fetch("127.0.0.1", server.port, SECRET, 3, 3)
+    assert fetched is not None and bytes(fetched.numpy()) == b"3" * 100_000
+    with opened(server) as conn:  # step 4's sender dies: step 2's file was taken for it, step 3 stays
+        conn.sendall(replica_link._PUSH.pack(3, 4, 10_000_000))
+        assert conn.recv(1) == bytes([replica_link.OK])
+        conn.sendall(b"4" * 1_000_000)
+        wait_for(lambda: any(n.endswith(".img.next") for n in names(server)))
+    wait_for(lambda: not any(n.endswith(".img.next") for n in names(server)))
+    assert [h.step for h in server.store.held()] == [3]
+    assert push(server, 4, b"4" * 1000)  # one replica held: a new file, the newest is not touched
+    assert [h.step for h in server.store.held()] == [3, 4]
+    newest = server.store.find(3, 3)
+    assert newest is not None and newest.path.read_bytes() == b"3" * 100_000
+
+
+def test_a_recycled_file_is_not_taken_for_a_killed_writers_by_another_keeper(shm_dir: Path) -> None:
+    """Keepers of one job share a node's folder and sweep each other's dead partials: a replica written into
+    an old replica's file must not look dead (its modification time is the old replica's)."""
+    store = ReplicaStore(shm_dir, PREFIX)
+    for step in (1, 2):
+        data = bytes([step]) * 1000
+        partial, crc = store.receive(3, step, len(data), lambda view, d=data: _fill_from(view, d), lambda: None)
+        store.commit(partial, 3, step, crc)
+    long_ago = time.time() - 10 * STALE_PARTIAL_SECONDS
+    for held in store.held():
+        os.utime(held.path, (long_ago, long_ago))
+    arrived = threading.Event()
+    release = threading.Event()
+
+    def slow(view: memoryview) -> int:
+        arrived.set()
+        release.wait(10)
+        return _fill_from(view, b"\x03" * 1000)
+
+    receiving = threading.Thread(target=lambda: result.append(store.receive(3, 3, 1000, slow, lambda: None)))
+    result: list[tuple[Path, int]] = []
+    receiving.start()
+    assert arrived.wait(10)
+    ReplicaStore(shm_dir, PREFIX)  # another keeper starts and sweeps
+    release.set()
+    receiving.join(10)
+    (partial, crc), = result
+    store.commit(partial, 3, 3, crc)  # still there: not taken for a dead one
+    assert [h.step for h in store.held()] == [2, 3]
+
+
+def _fill_from(view: memoryview, data: bytes) -> int:
+    view[: len(data)] = data[: len(view)]
+    return min(len(view), len(data))
 
 
 def test_a_second_life_of_the_same_step_replaces_the_first(server: replica_link.ReplicaServer) -> None:

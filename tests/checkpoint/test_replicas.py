@@ -85,7 +85,9 @@ def test_a_keeper_killed_mid_replica_leaves_the_older_replica_never_a_torn_one(r
     os.kill(job.ranks[2].pid, signal.SIGKILL)
     job.kill()
     replicas = sorted(p.name.split(".replica-")[1][:2] for p in node1.glob("*rank00000.replica-*"))
-    assert replicas[1:] == ["s1", "s2"] and replicas[0].startswith("p")  # the torn one never got a committed name
+    # the torn one never got a committed name; it was written into step 1's file (a commit would have dropped
+    # step 1), so the newest whole replica, step 2, stays
+    assert replicas[1:] == ["s2"] and replicas[0].startswith("p")
     lose_node(root, 0)
     assert Job(root, "restore", "1024").outputs() == ["restored 2 peer"] * 2 + ["restored 2 disk"] * 2
 

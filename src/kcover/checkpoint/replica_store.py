@@ -15,8 +15,10 @@ after every chunk); the node agent's sweep and
 
 The two newest steps per peer are kept: ranks finish their replication at
 different moments, and the step every rank can load from memory is, when a
-node dies mid-replication, often the one before the newest.  Memory cost per
-keeper: 2 × the peer's snapshot per peer kept, plus one in transfer.
+node dies mid-replication, often the one before the newest.  A transfer reuses
+the file (and the pages) of the oldest replica the commit would drop anyway, so
+the newest stays through any failure and the memory cost per keeper is 2 × the
+peer's snapshot per peer kept (plus one in transfer while fewer are held).
 Called by :mod:`~kcover.checkpoint.replication`.
 """
 
@@ -106,7 +108,8 @@ class ReplicaStore:
         OSError; nothing is left behind then.
         """
         partial = self.folder / f"{self.prefix}{rank:05d}.replica-p{self._nonce}-{next(self._serial)}.img.next"
-        fd = open_regular(partial, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        recycled = self._recycle(rank, step, partial)
+        fd = open_regular(partial, os.O_RDWR | os.O_CREAT | (0 if recycled else os.O_TRUNC), 0o600)
         checksum = Checksums(running=True)
         try:
             try:
@@ -118,6 +121,8 @@ class ReplicaStore:
                     raise CheckpointWriteError(f"no room for rank {rank}'s replica of step {step} ({size} bytes) "
                                                f"in {self.folder}: {exc.strerror}") from None
                 os.ftruncate(fd, size)
+            if recycled:
+                os.ftruncate(fd, size)  # a recycled file may be longer than this replica
             ready()
             self._fill(fd, size, read_into, checksum, f"rank {rank}'s replica of step {step}")
         except BaseException:
@@ -128,6 +133,24 @@ class ReplicaStore:
             raise
         os.close(fd)
         return partial, checksum.finish()[0]
+
+    def _recycle(self, rank: int, step: int, partial: Path) -> bool:
+        """Move the oldest of ``rank``'s replicas to ``partial`` when the commit of ``step`` would drop it anyway.
+
+        Its pages are reused: a replica written over one costs no page allocation (on a busy node, a fault per
+        page is a third of what keeping a replica costs).  Only when ``KEEP`` older replicas are held, so the
+        newest one stays whatever happens to this transfer.
+        """
+        with self._lock:
+            older = [h for h in self.held() if h.rank == rank and h.step < step]
+            if len({h.step for h in older}) < KEEP:
+                return False
+            try:
+                os.utime(older[0].path)  # stamped first: a partial with an old stamp is a killed writer's
+                os.replace(older[0].path, partial)
+            except OSError:
+                return False
+            return regular_size(partial) is not None
 
     @staticmethod
     def _fill(fd: int, size: int, read_into: Callable[[memoryview], int], checksum: Checksums, what: str) -> None:
