@@ -47,10 +47,8 @@ default ``/dev/shm``).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import os
-import secrets
 import threading
 import time
 import weakref
@@ -65,9 +63,9 @@ from kcover.checkpoint import disk
 from kcover.checkpoint.agree import NONE, agree_on_step
 from kcover.checkpoint.emergency import SigtermGuard
 from kcover.checkpoint.errors import CheckpointError, CorruptCheckpointError, WorldSizeChangedError
-from kcover.checkpoint.files import read_small
 from kcover.checkpoint.flatten import flatten
 from kcover.checkpoint.image import COMMITTED, Header, Image, Plan, make_plan, parse
+from kcover.checkpoint.locations import DEFAULT_SHARED_MEMORY, dir_token, shared_memory_dir, snapshot_path
 from kcover.checkpoint.lock import WriterLock
 from kcover.checkpoint.replication import check_replica_options, start_replication
 from kcover.checkpoint.restore import (
@@ -83,71 +81,8 @@ from kcover.checkpoint.snapshot import Region, SnapshotBuffer, begin_snapshot, c
 
 log = logging.getLogger("kcover.checkpoint")
 IfBusy = Literal["wait", "skip"]
-DEFAULT_SHARED_MEMORY = "/dev/shm"
 OVERLAP_BELOW = 1 << 20  # with save(overlap=…), tensors smaller than this are copied before save returns
 MIN_BLOCK_SIZE = 4096  # smaller blocks only make the manifest huge
-
-
-def shared_memory_dir(given: str | os.PathLike[str] | None) -> Path | None:
-    """Where snapshots go: ``given``; for the default, ``KCOVER_SHARED_MEMORY`` when set (e.g. a hostPath on
-    Kubernetes, so that a snapshot outlives its pod)."""
-    if given is None:
-        return None
-    if str(given) == DEFAULT_SHARED_MEMORY:
-        return Path(os.environ.get("KCOVER_SHARED_MEMORY") or DEFAULT_SHARED_MEMORY)
-    return Path(given)
-
-
-def snapshot_path(shared_memory: Path, directory: Path, rank: int, job_id: str | None = None) -> Path:
-    """The shared-memory file of ``rank``'s snapshot: stable across restarts of the same job."""
-    digest = hashlib.sha1((job_id or str(directory.absolute())).encode()).hexdigest()[:16]
-    return shared_memory / f"kcover-{digest}-rank{rank:05d}.img"
-
-
-def remove_snapshots(directory: str | os.PathLike[str], shared_memory: str | os.PathLike[str] = DEFAULT_SHARED_MEMORY,
-                     job_id: str | None = None) -> list[Path]:
-    """Delete every rank's shared-memory snapshot of a job (call when the job is finished)."""
-    folder = shared_memory_dir(shared_memory) or Path(DEFAULT_SHARED_MEMORY)
-    example = snapshot_path(folder, Path(directory), 0, job_id)
-    prefix = example.name[: -len("00000.img")]
-    removed = []
-    for path in [*folder.glob(prefix + "*.img"), *folder.glob(prefix + "*.img.next")]:
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-            removed.append(path)
-    return removed
-
-
-def _read_token(path: Path) -> str:
-    """The dir's id; raises OSError (FileNotFoundError when there is none) or ValueError (damaged)."""
-    text = read_small(path, 256).decode("ascii").strip()
-    if not text or not text.isalnum():
-        raise ValueError("not an id")
-    return text
-
-
-def _dir_token(directory: Path) -> str:
-    """A random id stored in the dir: a snapshot taken for a deleted and recreated dir is not restored.
-
-    A damaged id file (not a regular file, not an id) is left as it is, with a warning; the token is then
-    empty, so snapshots are matched to the dir by its path only.
-    """
-    path = directory / ".kcover-id"
-    try:
-        with contextlib.suppress(FileNotFoundError, NotADirectoryError, PermissionError):
-            return _read_token(path)
-        directory.mkdir(parents=True, exist_ok=True)
-        partial = directory / f".kcover-id.{os.getpid()}.tmp"
-        partial.write_text(secrets.token_hex(8))
-        with contextlib.suppress(FileExistsError):
-            os.link(partial, path)  # create-if-absent, atomically: concurrent ranks agree on one token
-        partial.unlink()
-        return _read_token(path)
-    except (OSError, ValueError) as exc:
-        if not isinstance(exc, OSError) or path.is_symlink() or path.exists():
-            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not an id"
-            log.warning("kcover checkpoint: ignoring %s: %s", path, why)
-        return ""
 
 
 def _env_int(name: str, default: int) -> int:
@@ -217,7 +152,7 @@ class Checkpointer:
             raise
 
     def _set_up(self, job_id: str | None, emergency_save: bool) -> None:
-        self._token = _dir_token(self.directory)
+        self._token = dir_token(self.directory)
         self._writer = WriterLock(self.directory, self.rank)
         self._verified: set[int] = set()  # steps this Checkpointer wrote or read back whole from disk
         self._damaged: set[int] = set()  # steps whose files of this rank failed verification here
