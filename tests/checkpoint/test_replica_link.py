@@ -5,6 +5,7 @@ A real server on a real socket, real files in /dev/shm; the buddy choice as a pu
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import threading
@@ -48,6 +49,16 @@ def opened(server: replica_link.ReplicaServer, op: bytes = b"P") -> socket.socke
     return conn
 
 
+def die_mid_transfer(server: replica_link.ReplicaServer, step: int, sent: bytes) -> None:
+    """Announce a 10 MB replica of ``step``, send ``sent`` of it and vanish; returns once the keeper cleaned up."""
+    with opened(server) as conn:
+        conn.sendall(replica_link._PUSH.pack(3, step, 10_000_000))
+        assert conn.recv(1) == bytes([replica_link.OK])
+        conn.sendall(sent)
+        wait_for(lambda: any(n.endswith(".img.next") for n in names(server)))
+    wait_for(lambda: not any(n.endswith(".img.next") for n in names(server)))
+
+
 def wait_for(condition: object, seconds: float = 10.0) -> None:
     deadline = time.monotonic() + seconds
     while not condition():  # type: ignore[operator]
@@ -82,12 +93,7 @@ def test_a_new_replica_reuses_the_oldest_ones_file_and_a_failed_one_leaves_the_n
     assert newest.path.read_bytes() == b"3" * 100_000  # cut to its own length: nothing of step 1 is left
     fetched = replica_link.fetch("127.0.0.1", server.port, SECRET, 3, 3)
     assert fetched is not None and bytes(fetched.numpy()) == b"3" * 100_000
-    with opened(server) as conn:  # step 4's sender dies: step 2's file was taken for it, step 3 stays
-        conn.sendall(replica_link._PUSH.pack(3, 4, 10_000_000))
-        assert conn.recv(1) == bytes([replica_link.OK])
-        conn.sendall(b"4" * 1_000_000)
-        wait_for(lambda: any(n.endswith(".img.next") for n in names(server)))
-    wait_for(lambda: not any(n.endswith(".img.next") for n in names(server)))
+    die_mid_transfer(server, 4, b"4" * 1_000_000)  # step 2's file was taken for it, step 3 stays
     assert [h.step for h in server.store.held()] == [3]
     assert push(server, 4, b"4" * 1000)  # one replica held: a new file, the newest is not touched
     assert [h.step for h in server.store.held()] == [3, 4]
@@ -101,7 +107,7 @@ def test_a_recycled_file_is_not_taken_for_a_killed_writers_by_another_keeper(shm
     store = ReplicaStore(shm_dir, PREFIX)
     for step in (1, 2):
         data = bytes([step]) * 1000
-        partial, crc = store.receive(3, step, len(data), lambda view, d=data: _fill_from(view, d), lambda: None)
+        partial, crc = store.receive(3, step, len(data), functools.partial(_fill_from, data=data), lambda: None)
         store.commit(partial, 3, step, crc)
     long_ago = time.time() - 10 * STALE_PARTIAL_SECONDS
     for held in store.held():
@@ -112,7 +118,7 @@ def test_a_recycled_file_is_not_taken_for_a_killed_writers_by_another_keeper(shm
     def slow(view: memoryview) -> int:
         arrived.set()
         release.wait(10)
-        return _fill_from(view, b"\x03" * 1000)
+        return _fill_from(view, data=b"\x03" * 1000)
 
     receiving = threading.Thread(target=lambda: result.append(store.receive(3, 3, 1000, slow, lambda: None)))
     result: list[tuple[Path, int]] = []
@@ -126,7 +132,7 @@ def test_a_recycled_file_is_not_taken_for_a_killed_writers_by_another_keeper(shm
     assert [h.step for h in store.held()] == [2, 3]
 
 
-def _fill_from(view: memoryview, data: bytes) -> int:
+def _fill_from(view: memoryview, *, data: bytes) -> int:
     view[: len(data)] = data[: len(view)]
     return min(len(view), len(data))
 
@@ -156,12 +162,7 @@ def test_a_wrong_secret_or_garbage_is_served_nothing(server: replica_link.Replic
 def test_a_sender_that_dies_mid_transfer_leaves_the_previous_replica_and_no_file(
         server: replica_link.ReplicaServer) -> None:
     assert push(server, 1, b"a" * 1000)
-    with opened(server) as conn:
-        conn.sendall(replica_link._PUSH.pack(3, 2, 10_000_000))
-        assert conn.recv(1) == bytes([replica_link.OK])
-        conn.sendall(b"b" * 4_000_000)
-        wait_for(lambda: any(n.endswith(".img.next") for n in names(server)))
-    wait_for(lambda: not any(n.endswith(".img.next") for n in names(server)))
+    die_mid_transfer(server, 2, b"b" * 4_000_000)
     assert [h.step for h in server.store.held()] == [1]
 
 
