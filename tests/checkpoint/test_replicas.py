@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -19,6 +20,7 @@ from tests.checkpoint.conftest import WORKERS
 from tests.checkpoint.states import make_state
 
 from kcover.checkpoint import Checkpointer, CheckpointError
+from kcover.checkpoint.buddies import replica_port
 
 WORLD, PER_NODE = 4, 2
 
@@ -39,6 +41,7 @@ class Job:
         results = [rank.communicate(timeout=120) for rank in self.ranks]
         for rank, (_, stderr) in zip(self.ranks, results, strict=True):
             assert rank.returncode == 0, stderr
+        self.stderr = "".join(stderr for _, stderr in results)
         return [stdout.strip().splitlines()[-1] for stdout, _ in results]
 
     def kill(self) -> None:
@@ -95,9 +98,46 @@ def test_a_keeper_killed_mid_replica_leaves_the_older_replica_never_a_torn_one(r
 def test_one_rank_without_shared_memory_turns_replication_off_for_all_without_a_deadlock(root: Path) -> None:
     job = Job(root, "save", steps=2, persist="2", NO_SHM_RANK="1")
     assert job.outputs() == ["replicated None"] * WORLD
+    assert "replicas=1 is off for every rank: rank 1 has no shared-memory folder" in job.stderr
     assert not list((root / "shm").rglob("*.replica-*"))
     restored = Job(root, "restore", NO_SHM_RANK="1").outputs()
     assert restored == ["restored 2 memory", "restored 2 disk", "restored 2 memory", "restored 2 memory"]
+
+
+def free_port() -> int:
+    with socket.create_server(("127.0.0.1", 0)) as probe:
+        return int(probe.getsockname()[1])
+
+
+@pytest.mark.parametrize("where", ["a port every rank of this host asks for", "an address this host does not have"])
+def test_ranks_that_cannot_listen_turn_replication_off_for_all_without_a_deadlock(root: Path, where: str) -> None:
+    port = free_port()
+    if where.startswith("a port"):  # no LOCAL_RANK: the four ranks of this host all want the same port
+        env, reason = {"KCOVER_REPLICA_PORT": str(port)}, f"cannot listen on 127.0.0.1 port {port}: Address already"
+    else:  # TEST-NET-1, never a local address
+        env, reason = {"KCOVER_REPLICA_HOST": "192.0.2.1"}, "cannot listen on 192.0.2.1 port any: Cannot assign"
+    job = Job(root, "save", steps=2, **env)
+    assert job.outputs() == ["replicated None"] * WORLD
+    assert "replicas=1 is off for every rank: rank " in job.stderr and reason in job.stderr, job.stderr
+    assert not list((root / "shm").rglob("*.replica-*"))
+
+
+@pytest.mark.parametrize(("base", "local", "port"), [("", "3", 0), ("29600", "", 29600), ("29600", "7", 29607),
+                                                     ("65535", "0", 65535)])
+def test_the_replica_port_is_the_base_plus_the_local_rank(monkeypatch: pytest.MonkeyPatch, base: str, local: str,
+                                                          port: int) -> None:
+    monkeypatch.setenv("KCOVER_REPLICA_PORT", base)
+    monkeypatch.setenv("LOCAL_RANK", local)
+    assert replica_port() == port
+
+
+@pytest.mark.parametrize(("base", "local"), [("0", "0"), ("-1", "0"), ("65535", "1"), ("http", "0"),
+                                             ("２９６００", "0"), ("29600", "x"), ("1e4", "0"), ("9" * 40, "0")])
+def test_a_replica_port_that_is_no_port_is_named(monkeypatch: pytest.MonkeyPatch, base: str, local: str) -> None:
+    monkeypatch.setenv("KCOVER_REPLICA_PORT", base)
+    monkeypatch.setenv("LOCAL_RANK", local)
+    with pytest.raises(ValueError, match=r"KCOVER_REPLICA_PORT=.* with LOCAL_RANK=.* is no port \(1-65535\)"):
+        replica_port()
 
 
 def test_replicas_need_torch_distributed_and_are_off_for_one_rank(tmp_path: Path, shm_dir: Path,

@@ -13,7 +13,9 @@ buddies as there are other nodes.
 ``kcover run`` and ``kcover pod``; else ``NODE_NAME``, ``GROUP_RANK``, the host
 name); :func:`reachable_host` is the address peers reach this process at: the
 local address of the route to ``MASTER_ADDR`` (the interface the process group
-uses), unless ``KCOVER_REPLICA_HOST`` says otherwise.  Called by
+uses), unless ``KCOVER_REPLICA_HOST`` says otherwise; :func:`replica_port` its
+port: any free one, or ``KCOVER_REPLICA_PORT`` + ``LOCAL_RANK`` where a network
+policy must name it.  Called by
 :mod:`~kcover.checkpoint.replication`.
 """
 
@@ -56,6 +58,19 @@ def reachable_host() -> str:
             return str(probe.getsockname()[0])
     except OSError:
         return "127.0.0.1"
+
+
+def replica_port() -> int:
+    """The port to keep replicas on: ``KCOVER_REPLICA_PORT`` + ``LOCAL_RANK`` (so the ranks of one node differ),
+    or 0 (any free port) when it is not set; raises ValueError naming the variable when it is no port."""
+    base = os.environ.get("KCOVER_REPLICA_PORT", "").strip()
+    if not base:
+        return 0
+    local = os.environ.get("LOCAL_RANK", "0").strip() or "0"
+    ok = base.isascii() and base.isdigit() and local.isascii() and local.isdigit()
+    if not (ok and int(base) >= 1 and int(base) + int(local) <= 65535):
+        raise ValueError(f"KCOVER_REPLICA_PORT={base!r} with LOCAL_RANK={local!r} is no port (1-65535)")
+    return int(base) + int(local)
 
 
 def nodes_in_order(peers: list[Peer]) -> list[list[int]]:

@@ -118,13 +118,13 @@ class ReplicaServer:
     """Serves pushes into and fetches from ``store`` until :meth:`close`; nobody is served before
     :attr:`secret` is set."""
 
-    def __init__(self, store: ReplicaStore, host: str = "") -> None:
+    def __init__(self, store: ReplicaStore, host: str = "", port: int = 0) -> None:
         self.store = store
         self.secret = b""
         if ":" in host or (not host and socket.has_dualstack_ipv6()):
-            self._listener = socket.create_server((host, 0), family=socket.AF_INET6, dualstack_ipv6=not host)
+            self._listener = socket.create_server((host, port), family=socket.AF_INET6, dualstack_ipv6=not host)
         else:
-            self._listener = socket.create_server((host, 0))
+            self._listener = socket.create_server((host, port))
         self.port = int(self._listener.getsockname()[1])
         self._closed = threading.Event()
         self._lock = threading.Lock()

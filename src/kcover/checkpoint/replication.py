@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from kcover.checkpoint import replica_link
-from kcover.checkpoint.buddies import Peer, buddies_of, reachable_host, this_node
+from kcover.checkpoint.buddies import Peer, buddies_of, reachable_host, replica_port, this_node
 from kcover.checkpoint.errors import CheckpointError
 from kcover.checkpoint.replica_store import ReplicaStore
 
@@ -144,24 +144,38 @@ def start_replication(snapshot: Path | None, replicas: int, bandwidth: float | N
     if not (dist.is_available() and dist.is_initialized()):
         raise CheckpointError(f"replicas={replicas} needs torch.distributed: create the Checkpointer after "
                               "init_process_group (creating it is then collective: every rank must)")
-    store = server = None
-    if snapshot is not None:
-        store = ReplicaStore(snapshot.parent, snapshot.name[: -len("00000.img")])
-        server = replica_link.ReplicaServer(store, reachable_host())
+    store, server, why = _listen(snapshot)
     try:
-        me = Peer(rank, this_node(), reachable_host(), server.port) if server is not None else None
+        me: Peer | str = Peer(rank, this_node(), reachable_host(), server.port) if server is not None else why
         table = _all_gather((me, secrets.token_bytes(replica_link.SECRET_SIZE)))
     except BaseException:
         if server is not None:
             server.close()
         raise
-    unable = [r for r, (peer, _) in enumerate(table) if peer is None]
+    unable = {r: peer for r, (peer, _) in enumerate(table) if not isinstance(peer, Peer)}
     if unable or server is None or store is None:
         if server is not None:
             server.close()
         if rank == min(unable):
-            log.warning("kcover checkpoint: replicas=%d is off for every rank: rank(s) %s have no shared-memory "
-                        "folder to keep replicas in", replicas, ", ".join(map(str, unable)))
+            log.warning("kcover checkpoint: replicas=%d is off for every rank: %s", replicas,
+                        "; ".join(f"rank {r} {reason}" for r, reason in unable.items()))
         return None
     server.secret = table[0][1]
     return Replication(store, server, [peer for peer, _ in table], rank, replicas, bandwidth)
+
+
+def _listen(snapshot: Path | None) -> tuple[ReplicaStore | None, replica_link.ReplicaServer | None, str]:
+    """This rank's store and server, or why it cannot keep replicas (said to every rank, never raised: the
+    others are about to wait for this one in a collective)."""
+    if snapshot is None:
+        return None, None, "has no shared-memory folder to keep replicas in"
+    host = reachable_host()
+    try:
+        port = replica_port()
+    except ValueError as exc:
+        return None, None, f"cannot listen: {exc}"
+    store = ReplicaStore(snapshot.parent, snapshot.name[: -len("00000.img")])
+    try:
+        return store, replica_link.ReplicaServer(store, host, port), ""
+    except OSError as exc:
+        return None, None, f"cannot listen on {host} port {port or 'any'}: {exc.strerror or exc}"
