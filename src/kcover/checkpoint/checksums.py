@@ -23,6 +23,7 @@ except ImportError:  # no wheel for this platform
 
 __all__ = ["Checksums", "crc32"]
 
+
 class Checksums:
     """Per-block CRC-32s (or one running CRC-32) of the blocks given to :meth:`add`, in order."""
 
