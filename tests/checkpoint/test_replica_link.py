@@ -137,6 +137,17 @@ def _fill_from(view: memoryview, *, data: bytes) -> int:
     return min(len(view), len(data))
 
 
+def test_a_push_that_comes_before_the_keeper_has_the_secret_waits_for_it(shm_dir: Path) -> None:
+    """A peer can leave the set-up's collective and push before this rank has stored the secret."""
+    keeper = replica_link.ReplicaServer(ReplicaStore(shm_dir, PREFIX))
+    try:
+        threading.Timer(0.5, lambda: setattr(keeper, "secret", SECRET)).start()
+        assert replica_link.push("127.0.0.1", keeper.port, SECRET, 3, 1, memoryview(b"early" * 100))
+        assert [h.step for h in keeper.store.held()] == [1]
+    finally:
+        keeper.close()
+
+
 def test_a_second_life_of_the_same_step_replaces_the_first(server: replica_link.ReplicaServer) -> None:
     assert push(server, 7, b"old" * 1000) and push(server, 7, b"new" * 1000)
     (held,) = server.store.held()

@@ -116,11 +116,13 @@ def _send_all(conn: socket.socket, data: memoryview, stop: threading.Event) -> b
 
 class ReplicaServer:
     """Serves pushes into and fetches from ``store`` until :meth:`close`; nobody is served before
-    :attr:`secret` is set."""
+    :attr:`secret` is set (a connection that comes earlier waits for it, within its handshake deadline: a
+    peer may finish the set-up's collective and push before this rank has stored the secret)."""
 
     def __init__(self, store: ReplicaStore, host: str = "", port: int = 0) -> None:
         self.store = store
-        self.secret = b""
+        self._secret = b""
+        self._has_secret = threading.Event()
         if ":" in host or (not host and socket.has_dualstack_ipv6()):
             self._listener = socket.create_server((host, port), family=socket.AF_INET6, dualstack_ipv6=not host)
         else:
@@ -131,6 +133,15 @@ class ReplicaServer:
         self._active: dict[socket.socket, threading.Thread] = {}
         self._thread = threading.Thread(target=self._accept, name="kcover-replica-server", daemon=True)
         self._thread.start()
+
+    @property
+    def secret(self) -> bytes:
+        return self._secret
+
+    @secret.setter
+    def secret(self, value: bytes) -> None:
+        self._secret = value
+        self._has_secret.set()
 
     def _accept(self) -> None:
         while not self._closed.is_set():
@@ -173,6 +184,7 @@ class ReplicaServer:
                 if len(opening) < _OPEN.size:
                     return
                 magic, proof, op = _OPEN.unpack(opening)
+                self._has_secret.wait(max(0.0, deadline - time.monotonic()))
                 if magic != MAGIC or len(self.secret) != SECRET_SIZE \
                         or not hmac.compare_digest(proof, _proof(self.secret, nonce, op)):
                     return
