@@ -148,6 +148,17 @@ def test_a_push_that_comes_before_the_keeper_has_the_secret_waits_for_it(shm_dir
         keeper.close()
 
 
+def test_closing_a_keeper_ends_a_handshake_that_waits_for_the_secret(shm_dir: Path) -> None:
+    keeper = replica_link.ReplicaServer(ReplicaStore(shm_dir, PREFIX))  # its secret never comes
+    with socket.create_connection(("127.0.0.1", keeper.port)) as conn:
+        nonce = replica_link._receive_exactly(conn, replica_link.NONCE_SIZE)
+        conn.sendall(replica_link._OPEN.pack(replica_link.MAGIC, replica_link._proof(SECRET, nonce, b"P"), b"P"))
+        wait_for(lambda: keeper._active)
+        keeper.close(wait=2.0)  # shorter than the handshake deadline the connection would otherwise wait out
+        assert not keeper._active
+        assert conn.recv(1) == b""  # refused: there is no secret to check it against
+
+
 def test_a_second_life_of_the_same_step_replaces_the_first(server: replica_link.ReplicaServer) -> None:
     assert push(server, 7, b"old" * 1000) and push(server, 7, b"new" * 1000)
     (held,) = server.store.held()

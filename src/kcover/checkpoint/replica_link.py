@@ -184,8 +184,10 @@ class ReplicaServer:
                 if len(opening) < _OPEN.size:
                     return
                 magic, proof, op = _OPEN.unpack(opening)
-                self._has_secret.wait(max(0.0, deadline - time.monotonic()))
-                if magic != MAGIC or len(self.secret) != SECRET_SIZE \
+                if magic != MAGIC:
+                    return
+                self._has_secret.wait(max(0.0, deadline - time.monotonic()))  # set at once by close()
+                if len(self.secret) != SECRET_SIZE \
                         or not hmac.compare_digest(proof, _proof(self.secret, nonce, op)):
                     return
                 conn.settimeout(IDLE_SECONDS)
@@ -249,6 +251,7 @@ class ReplicaServer:
         """Stop accepting, cut the connections in progress (a push in progress leaves nothing), and wait
         for them to end, at most ``wait`` seconds."""
         self._closed.set()
+        self._has_secret.set()  # a handshake waiting for a secret that never comes ends now (and fails)
         with contextlib.suppress(OSError):
             self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()
