@@ -19,6 +19,7 @@ import pytest
 from kcover.checkpoint import replica_link
 from kcover.checkpoint.buddies import Peer, buddies_of
 from kcover.checkpoint.errors import CheckpointWriteError, CorruptCheckpointError
+from kcover.checkpoint.image import COMMITTED, HEADER_SIZE, WRITING, Header, pack_header
 from kcover.checkpoint.replica_store import STALE_PARTIAL_SECONDS, ReplicaStore
 
 SECRET = b"s" * replica_link.SECRET_SIZE
@@ -353,3 +354,52 @@ def test_something_else_at_the_replicas_name_or_a_bad_rank_is_refused(server: re
     with pytest.raises(CheckpointWriteError, match="refused rank -1's replica"):
         replica_link.push("127.0.0.1", server.port, SECRET, -1, 5, memoryview(b"c" * 10))
     assert [h.step for h in server.store.held()] == [1]
+
+
+def left_behind(folder: Path, rank: int, step: int, payload: bytes, *, state: int = COMMITTED,
+                header_rank: int | None = None) -> bytes:
+    """Write ``rank``'s own snapshot file as a process that ran on this node leaves it (the buffer is larger
+    than the image: 4 kB of slack after it); returns the image's bytes."""
+    total = HEADER_SIZE + len(payload)
+    header = Header(state, step, 1, total, total, 0, rank if header_rank is None else header_rank, 8)
+    image = pack_header(header).ljust(HEADER_SIZE, b"\0") + payload
+    (folder / f"{PREFIX}{rank:05d}.img").write_bytes(image + b"\xee" * 4096)
+    return image
+
+
+def test_a_snapshot_left_by_a_rank_now_elsewhere_is_served_as_its_replica(server: replica_link.ReplicaServer) -> None:
+    """Rank 5 ran on this node and was rescheduled elsewhere: its committed snapshot is offered and served up
+    to the image's end; ranks on this node (not in ``serves``) are not offered, nor are unfinished snapshots,
+    a header that names another rank, a FIFO or a symlink at the snapshot's name."""
+    folder = server.store.folder
+    image = left_behind(folder, 5, 7, os.urandom(100_000))
+    left_behind(folder, 1, 7, b"on this node")
+    left_behind(folder, 2, 7, b"half written", state=WRITING)
+    left_behind(folder, 4, 7, b"another rank's", header_rank=6)
+    os.mkfifo(folder / f"{PREFIX}00003.img")
+    (folder / f"{PREFIX}00006.img").symlink_to(folder / f"{PREFIX}00005.img")
+    assert server.store.offered() == []  # nothing is served before the ranks elsewhere are known
+    server.store.serves = frozenset({2, 3, 4, 5, 6})
+    assert [(h.rank, h.step, h.crc32) for h in server.store.offered()] == [(5, 7, None)]
+    fetched = replica_link.fetch("127.0.0.1", server.port, SECRET, 5, 7)
+    assert fetched is not None and fetched.numpy().tobytes() == image
+    for rank, step in [(5, 6), (1, 7), (2, 7), (3, 7), (4, 7), (6, 7)]:
+        assert replica_link.fetch("127.0.0.1", server.port, SECRET, rank, step) is None
+    server.store.drop_newer_than(None)  # a start-over drops replicas, never another rank's own snapshot
+    assert server.store.find(5, 7) is not None
+
+
+def test_a_left_snapshot_rewritten_while_it_is_served_is_not_served(server: replica_link.ReplicaServer) -> None:
+    """Its writer came back between the listing and the serving: the header no longer says the step offered."""
+    folder = server.store.folder
+    server.store.serves = frozenset({5})
+    left_behind(folder, 5, 7, b"x" * 10_000)
+    (held,) = server.store.offered()
+    left_behind(folder, 5, 8, b"y" * 10_000)
+    fd = os.open(held.path, os.O_RDONLY)
+    try:
+        assert server.store.extent(held, fd) is None
+    finally:
+        os.close(fd)
+    assert replica_link.fetch("127.0.0.1", server.port, SECRET, 5, 7) is None
+    assert replica_link.fetch("127.0.0.1", server.port, SECRET, 5, 8) is not None

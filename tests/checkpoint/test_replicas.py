@@ -69,6 +69,18 @@ def test_a_lost_nodes_ranks_restore_from_their_buddies_memory(root: Path) -> Non
     assert Job(root, "restore").outputs() == ["restored 3 memory"] * 2 + ["restored 3 peer"] * 2
 
 
+def test_ranks_laid_out_again_on_other_nodes_restore_what_they_left_in_memory_from_the_ranks_there(
+        root: Path) -> None:
+    """Node-1 is lost and the new layout puts ranks 0, 1 on the new node-1 and ranks 2, 3 on node-0 (a pod
+    goes wherever the scheduler puts it).  Node-0 holds ranks 0 and 1's own snapshots, left behind, and the
+    replicas of ranks 2 and 3: ranks 2, 3 now run there and serve all of it, so every rank restores step 3
+    from memory; nothing is on disk."""
+    assert Job(root, "save", steps=3).outputs() == ["replicated 3"] * WORLD
+    lose_node(root, 1)
+    assert Job(root, "restore", MOVED="1").outputs() == ["restored 3 peer"] * WORLD
+    assert not list((root / "ckpt").glob("step-*"))
+
+
 def test_a_keeper_killed_mid_replica_leaves_the_older_replica_never_a_torn_one(root: Path) -> None:
     """Rank 0's step 3 is on its way to rank 2 (paced) when rank 2 is SIGKILLed; then node-0 is lost too.
 

@@ -192,7 +192,8 @@ def test_a_lost_nodes_rank_resumes_on_a_new_node_from_its_buddys_memory(
     nothing newer: a rank killed between its peer's save of a step and its own would leave no step both can
     load, the known gap), then B fails.  The replacement pod on a new node fetches rank 1's replica from the
     buddy's node (a real TCP side channel between the pods) and the job resumes at step 12, not from
-    scratch (the disk holds no step of rank 1 at all)."""
+    scratch (the disk holds no step of rank 1 at all).  Which new pod lands on node A is the scheduler's
+    choice: if it is rank 1's, rank 1 serves both rank 0's snapshot left there and its own replica."""
     pool = RealNodePool(test_cluster, test_cluster.binaries.path("kubelet"))
     try:
         nodes = pool.add(3, prefix="peer-")

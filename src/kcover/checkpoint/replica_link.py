@@ -243,8 +243,12 @@ class ReplicaServer:
             conn.sendall(_ANSWER.pack(MISSING, 0, 0))
             return
         with os.fdopen(fd, "rb") as source:
-            size = os.fstat(source.fileno()).st_size
-            conn.sendall(_ANSWER.pack(OK, size, held.crc32))
+            extent = self.store.extent(held, source.fileno())
+            if extent is None:
+                conn.sendall(_ANSWER.pack(MISSING, 0, 0))
+                return
+            size, crc = extent
+            conn.sendall(_ANSWER.pack(OK, size, crc))
             conn.sendfile(source, 0, size)
 
     def close(self, wait: float = 5.0) -> None:

@@ -19,6 +19,13 @@ node dies mid-replication, often the one before the newest.  A transfer reuses
 the file (and the pages) of the oldest replica the commit would drop anyway, so
 the newest stays through any failure and the memory cost per keeper is 2 × the
 peer's snapshot per peer kept (plus one in transfer while fewer are held).
+
+A node's folder also holds the own snapshots of ranks that ran here before and
+now run elsewhere (their pod was rescheduled to another node).  The ranks in
+:attr:`ReplicaStore.serves` (those of the job not on this node now) have such a
+snapshot offered as if it were a replica, its checksum computed when it is
+served, so a surviving node's memory is served by whichever rank of the job
+runs there, not only by the one that wrote it.
 Called by :mod:`~kcover.checkpoint.replication`.
 """
 
@@ -34,13 +41,15 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
+from kcover.checkpoint import checksums
 from kcover.checkpoint.checksums import Checksums
 from kcover.checkpoint.errors import CheckpointWriteError
 from kcover.checkpoint.files import open_regular, regular_size
+from kcover.checkpoint.image import COMMITTED, HEADER_SIZE, Header, read_header
 
 log = logging.getLogger("kcover.checkpoint")
 KEEP = 2
@@ -52,11 +61,12 @@ _PARTIAL = re.compile(r"rank\d{5}\.replica-p([0-9a-f]+)-\d+\.img\.next$")
 
 @dataclass(frozen=True)
 class Held:
-    """One replica on this node: whose, which step, its checksum and where."""
+    """One replica on this node: whose, which step, its checksum (None: a snapshot left behind, whose
+    checksum is computed when it is served) and where."""
 
     rank: int
     step: int
-    crc32: int
+    crc32: int | None
     path: Path
 
 
@@ -68,6 +78,7 @@ class ReplicaStore:
         self._lock = threading.Lock()  # commits of one rank's replicas, one at a time
         self._serial = itertools.count()
         self._nonce = secrets.token_hex(4)  # this store's partials (a pid is reused by the next container)
+        self.serves: frozenset[int] = frozenset()  # ranks whose snapshots left here are offered as replicas
         self._remove_dead_partials()
 
     def _path(self, rank: int, step: int, crc: int) -> Path:
@@ -94,8 +105,46 @@ class ReplicaStore:
                     found.append(Held(int(match.group(1)), int(match.group(2)), int(match.group(3), 16), path))
         return sorted(found, key=lambda h: (h.rank, h.step))
 
+    def left_behind(self, ranks: Collection[int] | None = None) -> list[Held]:
+        """The committed own snapshots that ranks in :attr:`serves` (and in ``ranks``, when given) left here."""
+        found = []
+        for rank in sorted(self.serves if ranks is None else self.serves.intersection(ranks)):
+            path = self.folder / f"{self.prefix}{rank:05d}.img"
+            try:
+                fd = open_regular(path)
+            except OSError:  # none, or not a regular file
+                continue
+            try:
+                header = _committed_header(fd)
+            finally:
+                os.close(fd)
+            if header is not None and header.rank == rank:
+                found.append(Held(rank, header.step, None, path))
+        return found
+
+    def offered(self) -> list[Held]:
+        """What this node can serve: its replicas, then the snapshots left behind."""
+        return self.held() + self.left_behind()
+
     def find(self, rank: int, step: int) -> Held | None:
-        return next((h for h in self.held() if h.rank == rank and h.step == step), None)
+        return next((h for h in self.held() + self.left_behind([rank]) if h.rank == rank and h.step == step), None)
+
+    @staticmethod
+    def extent(held: Held, fd: int) -> tuple[int, int] | None:
+        """The bytes to serve of ``held`` (open as ``fd``) and their CRC-32; None if it is no longer whole.
+
+        A replica is served whole with the checksum in its name.  A snapshot left behind is served up to the
+        end its header gives, checksummed now; should its header change meanwhile (a writer came back), it
+        is not served (and a fetcher checks the bytes it gets against this checksum in any case).
+        """
+        if held.crc32 is not None:
+            return os.fstat(fd).st_size, held.crc32
+        header = _committed_header(fd)
+        if header is None or header.step != held.step or not 0 < header.total <= os.fstat(fd).st_size:
+            return None
+        with mmap.mmap(fd, header.total, prot=mmap.PROT_READ) as mapping:
+            crc = checksums.crc32(mapping)
+        return (header.total, crc) if _committed_header(fd) == header else None
 
     def receive(self, rank: int, step: int, size: int, read_into: Callable[[memoryview], int],
                 ready: Callable[[], None]) -> tuple[Path, int]:
@@ -208,3 +257,8 @@ class ReplicaStore:
     def _remove(self, path: Path) -> None:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
+
+
+def _committed_header(fd: int) -> Header | None:
+    header = read_header(os.pread(fd, HEADER_SIZE, 0))
+    return header if header is not None and header.state == COMMITTED else None

@@ -60,6 +60,8 @@ class Replication:
         self.peers = {peer.rank: peer for peer in table}
         self.buddies = buddies_of(table, rank, replicas)
         self.keeps = {other for other in self.peers if rank in buddies_of(table, other, replicas)}
+        here = self.peers[rank].node
+        store.serves = frozenset(peer.rank for peer in table if peer.node != here)
         if len(self.buddies) < replicas:
             log.warning("kcover checkpoint: replicas=%d, but the job has %d other node(s): rank %d's snapshot is "
                         "kept by %d buddy rank(s)", replicas, len(self.buddies), rank, len(self.buddies))
@@ -93,7 +95,7 @@ class Replication:
 
     def inventory(self) -> dict[int, list[int]]:
         """Collective: this rank's steps that keepers hold → those keepers' ranks (own node's last)."""
-        held = [(h.rank, h.step) for h in self.store.held()]
+        held = [(h.rank, h.step) for h in self.store.offered()]
         holders: dict[int, list[int]] = defaultdict(list)
         for keeper, replicas in enumerate(_all_gather(held)):
             for rank, step in replicas:

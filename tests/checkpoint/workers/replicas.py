@@ -1,7 +1,8 @@
 """One gloo rank of a job on simulated nodes, with snapshots replicated to a buddy (``replicas=1``).
 
 Usage: ``replicas.py PHASE DIR RANK WORLD PER_NODE STORE SHM_ROOT [SCALE] [BANDWIDTH]``.  Rank ``r`` runs on
-``node-{r // PER_NODE}``, whose shared memory is ``SHM_ROOT/node-k`` (a lost node: the test empties it).
+``node-{r // PER_NODE}`` (one node over with ``MOVED=1``: the job was laid out again), whose shared memory is
+``SHM_ROOT/node-k`` (a lost node: the test empties it).
 
 ``save``: saves steps 1..``STEPS`` to memory (to disk too: the steps listed in ``PERSIST``), prints
 ``saved <step>`` after each save returns, and ``replicated <step>`` when the last one has reached the buddy.
@@ -29,7 +30,8 @@ phase, directory, rank, world, per_node, store, shm_root = sys.argv[1:8]
 scale = int(sys.argv[8]) if len(sys.argv) > 8 else 1
 bandwidth = float(sys.argv[9]) if len(sys.argv) > 9 else None
 rank_, world_ = int(rank), int(world)
-node = f"node-{rank_ // int(per_node)}"
+nodes = world_ // int(per_node)
+node = f"node-{(rank_ // int(per_node) + int(os.environ.get('MOVED', '0'))) % nodes}"  # MOVED=1: one node over
 os.environ["KCOVER_NODE"] = node
 shm = Path(shm_root) / node
 shm.mkdir(parents=True, exist_ok=True)
