@@ -50,10 +50,10 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def timed(command: list[str]) -> Timing:
-    """Best of two runs (the first also warms the page cache)."""
+def timed(command: list[str], runs: int) -> Timing:
+    """Best of ``runs`` runs (the first also warms the page cache)."""
     wall = cpu = float("inf")
-    for _ in range(2):
+    for _ in range(runs):
         start, used = time.perf_counter(), _children_cpu()
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         wall, cpu = min(wall, time.perf_counter() - start), min(cpu, _children_cpu() - used)
@@ -75,13 +75,13 @@ def kcover_command(path: Path, engine: str) -> list[str]:
     return [*_pin(), sys.executable, "-m", "kcover", "explain", "--json", "--engine", engine, str(path)]
 
 
-def measure(path: Path, ere: Path, engine: str, rust: tuple[str, Path] | None) -> Rates:
+def measure(path: Path, ere: Path, engine: str, rust: tuple[str, Path] | None, runs: int) -> Rates:
     """Times of grep, rg (when there) and kcover on ``path``, one after the other in this run."""
-    grep = timed([*_pin(), "grep", "-E", "-c", "-f", str(ere), str(path)])
+    grep = timed([*_pin(), "grep", "-E", "-c", "-f", str(ere), str(path)], runs)
     rg = None
     if rust is not None:
-        rg = timed([*_pin(), rust[0], "--no-config", "-j1", "-c", "-f", str(rust[1]), str(path)])
-    return Rates(grep, rg, timed(kcover_command(path, engine)))
+        rg = timed([*_pin(), rust[0], "--no-config", "-j1", "-c", "-f", str(rust[1]), str(path)], runs)
+    return Rates(grep, rg, timed(kcover_command(path, engine), runs))
 
 
 def _ratio(kcover: float, other: float | None) -> str:
@@ -105,11 +105,14 @@ def ripgrep_patterns(root: Path, rules: list[Rule], install: bool) -> tuple[tupl
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--size-mb", "--megabytes", dest="size_mb", type=int, default=300)
-    parser.add_argument("--re-size-mb", type=int, default=32)
+    parser.add_argument("--size-mb", "--megabytes", dest="size_mb", type=float, default=300)
+    parser.add_argument("--re-size-mb", type=float, default=32)
     parser.add_argument("--dir", type=Path, default=None, help="where to write the test log")
     parser.add_argument("--no-install", action="store_true", help="never apt-get install ripgrep")
+    parser.add_argument("--runs", type=int, default=2, help="best of this many runs of each tool (≥ 1)")
     args = parser.parse_args()
+    if args.runs < 1 or args.size_mb <= 0 or args.re_size_mb <= 0:
+        parser.error("--runs must be ≥ 1 and the sizes > 0")
     rules = load_catalog_files(shipped_catalog_files())
     with tempfile.TemporaryDirectory(dir=args.dir) as folder:
         root = Path(folder)
@@ -124,10 +127,10 @@ def main() -> None:
         except ImportError:
             engines = [("re", args.re_size_mb)]
         for engine, size_mb in engines:
-            log = root / f"scan-{size_mb}.log"
+            log = root / f"scan-{size_mb:g}.log"
             if not log.exists():
-                write_log(log, size_mb * 1_000_000)
-            rows.append((engine, log.stat().st_size / 1e6, measure(log, ere, engine, rust)))
+                write_log(log, int(size_mb * 1_000_000))
+            rows.append((engine, log.stat().st_size / 1e6, measure(log, ere, engine, rust, args.runs)))
             log.unlink()
     print(f"{len(catalog_to_ere(rules))} patterns, one core each")
     print(rust_said)
@@ -138,7 +141,7 @@ def main() -> None:
     for engine, megabytes, rates in rows:
         rg_wall = rates.rg.wall if rates.rg else None
         rg_rate = f"{megabytes / rg_wall:8.1f}" if rg_wall else f"{'-':>8}"
-        print(f"{engine:10} {megabytes:6.0f} {megabytes / rates.grep.wall:10.1f} {rg_rate} "
+        print(f"{engine:10} {megabytes:6.4g} {megabytes / rates.grep.wall:10.1f} {rg_rate} "
               f"{megabytes / rates.kcover.wall:12.1f} {_ratio(rates.kcover.wall, rates.grep.wall)} "
               f"{_ratio(rates.kcover.wall, rg_wall)} {_ratio(rates.kcover.cpu, rates.grep.cpu)} "
               f"{_ratio(rates.kcover.cpu, rates.rg.cpu if rates.rg else None)}")

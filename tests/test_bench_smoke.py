@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.parametrize(
     ("module", "args", "expect"),
     [
-        ("bench.scan_throughput", ["--size-mb", "4", "--re-size-mb", "1", "--no-install"], "ratio"),
+        ("bench.scan_throughput", ["--size-mb", "0.2", "--re-size-mb", "0.05", "--runs", "1", "--no-install"], "ratio"),
         ("bench.scan_memory", ["--size-mb", "8", "--line-mb", "3"], "peak RSS"),
         ("bench.corpus_accuracy", [], "fatal category accuracy"),
         ("bench.report_size", ["--attempts", "10", "--faults", "100"], "ratio"),

@@ -17,6 +17,12 @@ Use it from a ``conftest.py`` with ``pytest_plugins = ["kcover.testing.fixtures"
   stopped at the end of the session, failing it if anything was left on the
   machine. Tests that use it carry the ``real_node`` marker.
 
+Tests that use ``test_cluster`` run after all the others, and before the first
+of them the plugin runs ``hack/test-cluster/build`` when there is a checkout
+(outside the tests' time limit): it builds nothing when the programs are built,
+and waits when a build is already running — ``make test`` starts one in the
+background at the lowest CPU priority, so the cluster compiles while the tests
+that do not need it run.
 Missing binaries fail the session with the command that builds them; they
 skip instead only when ``KCOVER_TEST_CLUSTER_ALLOW_SKIP=1``.
 ``KCOVER_TEST_CLUSTER_KEEP=1`` keeps the cluster's temp dir (component logs
@@ -28,14 +34,16 @@ that used the cluster, a component that died fails the session
 from __future__ import annotations
 
 import os
+import subprocess
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 import pytest
 
 from kcover.testing._process import ComponentDiedError
-from kcover.testing.binaries import find_binaries
+from kcover.testing.binaries import cache_dir, find_binaries, hack_dir
 from kcover.testing.cluster import TestCluster
 from kcover.testing.controllers import start_controllers
 from kcover.testing.realnodes import RealNodePool, missing_prerequisites
@@ -51,6 +59,44 @@ __all__ = [
 
 ALLOW_SKIP = "KCOVER_TEST_CLUSTER_ALLOW_SKIP"
 KEEP = "KCOVER_TEST_CLUSTER_KEEP"
+
+
+_CLUSTER_BUILT = pytest.StashKey[bool]()
+
+
+def _needs_cluster(item: pytest.Item) -> bool:
+    return "test_cluster" in getattr(item, "fixturenames", ())
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests that use the cluster go last (in their order), giving its build the most time."""
+    items.sort(key=_needs_cluster)
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, None, None]:
+    """Before the first test that uses the cluster, outside its time limit: finish the cluster's build."""
+    if _needs_cluster(item) and not item.config.stash.get(_CLUSTER_BUILT, False):
+        item.config.stash[_CLUSTER_BUILT] = True
+        _finish_cluster_build(item.config)
+    yield
+
+
+def _finish_cluster_build(config: pytest.Config) -> None:
+    """Run the build script (it waits for a build in progress); its failure is reported by ``test_cluster``."""
+    try:
+        script = hack_dir() / "build"
+    except FileNotFoundError:
+        return  # an installed kcover: the programs are where KCOVER_TEST_CLUSTER_CACHE says, or missing
+    log = cache_dir() / "logs" / "pytest-build.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    began = time.monotonic()
+    with log.open("w") as out:
+        result = subprocess.run([str(script)], stdout=out, stderr=subprocess.STDOUT, check=False)
+    if reporter is not None:
+        reporter.write_line(f"\ntest cluster build finished (exit {result.returncode}) after "
+                            f"{time.monotonic() - began:.0f} s of waiting; log: {log}")
 
 
 @pytest.fixture(scope="session")
