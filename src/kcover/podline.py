@@ -49,6 +49,8 @@ class PodState(StrEnum):
     FAILED = "failed"
     STOPPED = "stopped"
     DONE = "done"
+    STANDBY = "standby"
+    """No rank yet (``kcover pod --assigned-rank``): waiting, warm, for the operator to assign one."""
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,10 @@ def pod(
                                             "done (a `python script.py` or `python -m module` command).")] = True,
     preload: Annotated[str, typer.Option(help="Modules a warm worker imports while it waits (comma-separated; "
                                               "missing ones are skipped).")] = "torch,torch.distributed,torch._dynamo",
+    assigned_rank: Annotated[bool, typer.Option(help="The operator assigns this pod's rank (kcover.io/rank, mounted "
+                                                     "as `rank` beside the generation file); until then the pod "
+                                                     "waits as a warm standby. For jobs with kcover.io/standby.",
+                                                envvar="KCOVER_ASSIGNED_RANK")] = False,
 ) -> None:
     """Run a pod's training processes; restart them in place when the kcover operator orders it."""
     from kcover.launcher.pod import PodSpecError, PodSupervisor, pod_spec
@@ -54,7 +58,7 @@ def pod(
                         node_rank=node_rank, master_addr=master_addr, master_port=master_port,
                         port_span=port_span, generation_file=generation_file, grace_period=grace_period,
                         order_wait=order_wait, restart_grace=restart_grace, warm=warm,
-                        preload=preload)
+                        preload=preload, assigned_rank=assigned_rank)
         code = PodSupervisor(spec).run()
     except (PodSpecError, LaunchError) as exc:
         raise UsageError(str(exc)) from None

@@ -43,14 +43,14 @@ import math
 import os
 import signal
 import socket
-import stat
 import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
 
+from kcover.launcher.pod_files import DONE, STANDBY, read_generation, read_rank
 from kcover.launcher.pod_inject import OrderFile, apply
 from kcover.launcher.warm import DEFAULT_PRELOAD, WarmSpares
 from kcover.launcher.workers import LaunchError, WorkerGroup, WorkerSpec, become_subreaper, start_worker, torchrun_env
@@ -89,10 +89,18 @@ class PodSpec:
     and a rank blocked in a collective cannot run a SIGTERM handler anyway (measured: a full grace wasted)."""
     warm: bool = True
     preload: str = DEFAULT_PRELOAD
+    assigned_rank: bool = False
+    """The operator assigns this pod's rank (``rank`` beside the generation file); ``node_rank`` is -1 until then."""
 
     @property
     def world_size(self) -> int:
         return self.nnodes * self.nproc_per_node
+
+    @property
+    def rank_file(self) -> Path | None:
+        if not self.assigned_rank or self.generation_file is None:
+            return None
+        return self.generation_file.parent / "rank"
 
     def port(self, generation: int) -> int:
         """The rendezvous port of a generation: consecutive generations never share one."""
@@ -127,7 +135,7 @@ def pod_spec(command: tuple[str, ...], env: Mapping[str, str], *, nproc_per_node
              nnodes: int | None = None, node_rank: int | None = None, master_addr: str | None = None,
              master_port: int | None = None, port_span: int = 2, generation_file: Path | None = None,
              grace_period: float = 10.0, order_wait: float = 120.0, restart_grace: float = 2.0,
-             warm: bool = True, preload: str = DEFAULT_PRELOAD) -> PodSpec:
+             warm: bool = True, preload: str = DEFAULT_PRELOAD, assigned_rank: bool = False) -> PodSpec:
     """The pod's spec from options, falling back on the job's environment; :class:`PodSpecError` names a gap."""
     if not command:
         raise PodSpecError("no command given: kcover pod [OPTIONS] -- COMMAND [ARGS…]")
@@ -144,13 +152,15 @@ def pod_spec(command: tuple[str, ...], env: Mapping[str, str], *, nproc_per_node
                                + ", ".join(NNODES_VARIABLES))
         nnodes = _whole("the number of pods", found[0], found[1], 1, MAX_RANKS)
     _whole("--nnodes", "", str(nnodes), 1, MAX_RANKS)
-    if node_rank is None:
+    if assigned_rank:
+        node_rank = -1  # the operator's to say (the pod's index, if any, is no rank: pods outnumber ranks)
+    elif node_rank is None:
         found = _first(env, NODE_RANK_VARIABLES)
         if found is None:
             raise PodSpecError("which pod of the job is this? Give --node-rank or set one of "
                                + ", ".join(NODE_RANK_VARIABLES) + " (an Indexed Job sets JOB_COMPLETION_INDEX)")
         node_rank = _whole("the pod's rank", found[0], found[1], 0, MAX_RANKS)
-    if not 0 <= node_rank < nnodes:
+    if not assigned_rank and not 0 <= node_rank < nnodes:
         raise PodSpecError(f"the pod's rank must be from 0 to {nnodes - 1} for {nnodes} pods (got {node_rank})")
     address = master_addr or env.get("MASTER_ADDR") or ""
     if not address:
@@ -166,28 +176,7 @@ def pod_spec(command: tuple[str, ...], env: Mapping[str, str], *, nproc_per_node
                            f"(got {master_port})")
     return PodSpec(command, nnodes, node_rank, nproc_per_node, address, master_port, port_span,
                    DEFAULT_GENERATION_FILE if generation_file is None else generation_file, grace_period,
-                   order_wait, restart_grace, warm, preload)
-
-
-def read_generation(path: Path | None) -> int | None:
-    """The generation the operator ordered (the annotation's text; empty = 0); None when unreadable or bad."""
-    if path is None:
-        return None
-    try:  # never block on a FIFO or a device put where the file should be
-        if not stat.S_ISREG(path.stat().st_mode):
-            return None
-        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-        try:
-            text = os.read(descriptor, 64).decode("ascii", "replace").strip()
-        finally:
-            os.close(descriptor)
-    except OSError:
-        return None
-    if text == "":
-        return 0
-    if not text.isdigit() or int(text) > MAX_GENERATION:
-        return None
-    return int(text)
+                   order_wait, restart_grace, warm, preload, assigned_rank)
 
 
 def exit_status(code: int) -> int:
@@ -238,6 +227,10 @@ class PodSupervisor:
                 signal.signal(sig, handler)
 
     def _run(self) -> int:
+        if self.spec.assigned_rank:
+            ended = self._stand_by()
+            if ended is not None:
+                return ended
         first = read_generation(self.spec.generation_file)
         self.in_place = first is not None
         self.generation = first or 0
@@ -253,9 +246,40 @@ class PodSupervisor:
                 return ended
             reason = ""
 
-    def _specs(self, generation: int) -> list[WorkerSpec]:
-        """The pod's workers for a generation: the variables ``torchrun`` sets, plus ``KCOVER_*``."""
-        spec = self.spec
+    def _stand_by(self) -> int | None:
+        """A pod without a rank yet waits, warm: None once the operator assigned one (``self.spec`` has it), 0
+        when it says the job is done, 143 when kcover pod is stopped."""
+        path = self.spec.rank_file
+        assert path is not None
+        said = warned = False
+        while True:
+            if self.stop_signal is not None:
+                self._report(PodState.STOPPED, reason=f"standby: kcover pod received "
+                                                      f"{signal.Signals(self.stop_signal).name}")
+                return 128 + signal.SIGTERM
+            order = read_rank(path, self.spec.nnodes)
+            if isinstance(order, int):
+                self.spec = replace(self.spec, node_rank=order)
+                return None
+            if order == DONE:
+                self._report(PodState.DONE, reason="standby released: the job is done")
+                return 0
+            if order is None and not warned:
+                warned = True
+                print(f"kcover pod: {path} names no rank from 0 to {self.spec.nnodes - 1}, nor {STANDBY} or "
+                      f"{DONE}: waiting as a standby", file=sys.stderr, flush=True)
+            if not said:
+                said = True
+                self.generation = read_generation(self.spec.generation_file) or 0
+                self._report(PodState.STANDBY, reason=f"waiting for a rank in {path}")
+                if self.warm is not None and self.warm.enabled:
+                    self.warm.spawn(self._specs(self.generation, node_rank=0))
+            time.sleep(TICK)
+
+    def _specs(self, generation: int, node_rank: int | None = None) -> list[WorkerSpec]:
+        """The pod's workers for a generation: the variables ``torchrun`` sets, plus ``KCOVER_*`` (``node_rank``:
+        another than the pod's, for the warm workers of a standby)."""
+        spec = self.spec if node_rank is None else replace(self.spec, node_rank=node_rank)
         node = self.env.get("NODE_NAME") or socket.gethostname()
         specs = []
         for local in range(spec.nproc_per_node):
