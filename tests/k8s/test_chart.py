@@ -17,6 +17,10 @@ from kubernetes import client
 from tests.k8s.conftest import Processes
 from tests.k8s.test_recovery_e2e import xid_scenario
 
+from kcover.health.quarantine.kube import KubeQuarantine
+from kcover.k8s.names import GENERATION, RANK
+from kcover.k8s.operator.actuate import Actuator
+from kcover.k8s.operator.views import pod_view
 from kcover.testing import TestCluster
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "kcover"
@@ -57,7 +61,16 @@ def test_operator_and_agent_work_with_exactly_the_charts_roles(
     xid_scenario(test_cluster, k8s_api, test_namespace, gpu_nodes, kcover_processes, tmp_path,
                  operator_config=operator.kubeconfig, agent_config=agent.kubeconfig, crash=True)
     agent_api = kubernetes.config.new_client_from_config(config_file=str(agent.kubeconfig))
-    some_pod = client.CoreV1Api(k8s_api).list_namespaced_pod(test_namespace).items[0].metadata.name
+    core = client.CoreV1Api(k8s_api)
+    some_pod = core.list_namespaced_pod(test_namespace).items[0].metadata.name
+    # an in-place restart's generation and a standby's rank are pod patches the operator's role must allow
+    operator_api = kubernetes.config.new_client_from_config(config_file=str(operator.kubeconfig))
+    target = core.create_namespaced_pod(test_namespace, {"metadata": {"name": "ordered"}, "spec": {
+        "containers": [{"name": "c", "image": "trainer"}], "nodeSelector": {"none": "none"}}})
+    view = pod_view(k8s_api.sanitize_for_serialization(target))
+    Actuator(operator_api, KubeQuarantine(client.CoreV1Api(operator_api))).order_generation([view], 7, {view.uid: 1})
+    ordered = core.read_namespaced_pod("ordered", test_namespace).metadata
+    assert (ordered.annotations[GENERATION], ordered.annotations[RANK], ordered.labels[RANK]) == ("7", "1", "1")
     with pytest.raises(client.exceptions.ApiException) as denied:
         client.CoreV1Api(agent_api).delete_namespaced_pod(some_pod, test_namespace)
     assert denied.value.status == 403

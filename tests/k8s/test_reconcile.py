@@ -144,11 +144,19 @@ class FakeActions:
             **current.annotations, "kcover.io/stragglers": text})
         return version
 
-    def order_generation(self, pods: Sequence[PodView], generation: int) -> None:
+    def order_generation(self, pods: Sequence[PodView], generation: int, ranks: Mapping[str, int]) -> None:
         self.calls.append(("order", generation))
         for pod in pods:
             if pod.uid in self.world.pods:
-                self.world.pods[pod.uid] = dataclasses.replace(self.world.pods[pod.uid], ordered=generation)
+                assigned = str(ranks[pod.uid]) if pod.uid in ranks else self.world.pods[pod.uid].assigned
+                self.world.pods[pod.uid] = dataclasses.replace(self.world.pods[pod.uid], ordered=generation,
+                                                               assigned=assigned)
+
+    def assign_ranks(self, pods: Sequence[PodView], values: Mapping[str, str]) -> None:
+        self.calls.append(("assign", dict(sorted((p.name, values[p.uid]) for p in pods if p.uid in values))))
+        for pod in pods:
+            if pod.uid in values and pod.uid in self.world.pods:
+                self.world.pods[pod.uid] = dataclasses.replace(self.world.pods[pod.uid], assigned=values[pod.uid])
 
     def write_record(self, job: JobView, record: RecoveryRecord) -> None:
         self.calls.append(("record", record.step))

@@ -23,6 +23,7 @@ IN_PLACE = "kcover.io/in-place"  # "false": never restart this job's workers in 
 STRAGGLER_ACTION = "kcover.io/straggler-action"  # "report" (default) or "replace": restart without a slow node
 TOTAL_STEPS = "kcover.io/total-steps"  # the job's last step: what a straggler's replacement would gain
 IN_PLACE_TIMEOUT = "kcover.io/in-place-timeout"  # seconds an in-place restart may take before pods are restarted
+STANDBY = "kcover.io/standby"  # how many of the job's pods are warm standbys (the others run its ranks)
 
 # kcover's own records
 RECOVERY = "kcover.io/recovery"
@@ -34,6 +35,7 @@ POD_STATE = "kcover.io/pod-state"  # the agent's record of what ``kcover pod`` r
 PROGRESS = "kcover.io/progress"  # the agent's record of a pod's run: first step, newest checkpoint (ETTR)
 STEP_TIMES = "kcover.io/step-times"  # the agent's record of each rank's newest compute seconds (stragglers)
 GENERATION = "kcover.io/generation"  # on a pod, written by the operator: the generation its workers must run
+RANK = "kcover.io/rank"  # on a pod (annotation and label), written by the operator: its rank, "standby" or "done"
 INJECT = "kcover.io/inject"  # on a pod, written by the agent for ``kcover inject``: the order its kcover pod reads
 EVIDENCE_LABEL = "kcover.io/evidence-for"
 

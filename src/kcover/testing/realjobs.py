@@ -52,6 +52,7 @@ def trainer_job(
     opted_in: bool = False,
     in_place: bool = False,
     node_memory: Path | None = None,
+    standby: int = 0,
     project_root: Path,
 ) -> dict[str, Any]:
     """An Indexed Job of ``pods`` trainer ranks on ``pool``'s nodes (``prefer``: first choice).
@@ -64,7 +65,10 @@ def trainer_job(
     ``node_memory``: each node's shared memory is a folder of its own,
     ``<node_memory>/<node name>`` (``KCOVER_SHARED_MEMORY``), as ``/dev/shm`` is
     on separate machines: a pod moved to another node does not find its snapshot.
+    ``standby``: that many more pods, warm standbys (``kcover.io/standby``; implies ``in_place``): every pod
+    runs ``kcover pod --assigned-rank`` with its ``kcover.io/rank`` mounted beside the generation.
     """
+    in_place = in_place or standby > 0
     env = {
         "WORLD_SIZE": str(pods),
         "PYTHONUNBUFFERED": "1",
@@ -75,7 +79,8 @@ def trainer_job(
         **(env or {}),
     }
     trainer = [sys.executable, "-m", TRAINER]
-    command = [sys.executable, "-m", "kcover", "pod", "--grace-period", str(max(1, grace - 2)), "--", *trainer]
+    command = [sys.executable, "-m", "kcover", "pod", "--grace-period", str(max(1, grace - 2)),
+               *(["--assigned-rank"] if standby else []), "--", *trainer]
     writable = {"/ckpt": checkpoints, **({"/node-memory": node_memory} if node_memory else {})}
     spec = host_runtime_pod(
         "trainer", command if in_place else trainer, project_root=project_root,
@@ -89,7 +94,9 @@ def trainer_job(
         spec["containers"][0]["volumeMounts"].append({"name": "kcover-generation", "mountPath": "/etc/kcover"})
         spec["volumes"].append({"name": "kcover-generation", "downwardAPI": {"items": [
             {"path": "generation", "fieldRef": {"fieldPath": "metadata.annotations['kcover.io/generation']"}},
-            {"path": "inject", "fieldRef": {"fieldPath": "metadata.annotations['kcover.io/inject']"}}]}})
+            {"path": "inject", "fieldRef": {"fieldPath": "metadata.annotations['kcover.io/inject']"}},
+            *([{"path": "rank", "fieldRef": {"fieldPath": "metadata.annotations['kcover.io/rank']"}}]
+              if standby else [])]}})
     spec["nodeSelector"][POOL_LABEL] = pool.pool_id
     spec["affinity"] = {
         "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
@@ -104,7 +111,7 @@ def trainer_job(
                 {"key": "kubernetes.io/hostname", "operator": "In", "values": list(prefer)}]},
         }]}
     job_spec: dict[str, Any] = {
-        "completions": pods, "parallelism": pods, "completionMode": "Indexed", "backoffLimit": 5,
+        "completions": pods + standby, "parallelism": pods + standby, "completionMode": "Indexed", "backoffLimit": 5,
         "template": {"spec": spec},
     }
     if opted_in:
@@ -113,7 +120,8 @@ def trainer_job(
             {"action": "Ignore", "onExitCodes": {"operator": "NotIn", "values": [0]}}]}
     return {
         "apiVersion": "batch/v1", "kind": "Job",
-        "metadata": {"name": name, "namespace": namespace, "labels": dict(OPT_IN) if opted_in else {}},
+        "metadata": {"name": name, "namespace": namespace, "labels": dict(OPT_IN) if opted_in else {},
+                     "annotations": {"kcover.io/standby": str(standby)} if standby else {}},
         "spec": job_spec,
     }
 

@@ -50,7 +50,7 @@ from kubernetes.client.exceptions import ApiException
 
 from kcover.health.quarantine.kube import KubeQuarantine
 from kcover.health.quarantine.policy import ANNOTATION_QUARANTINED, NodeDecision, QuarantinePolicy
-from kcover.k8s.names import EVIDENCE_LABEL, FIELD_MANAGER, GENERATION, REASON, RECOVERY, STATE, STRAGGLERS
+from kcover.k8s.names import EVIDENCE_LABEL, FIELD_MANAGER, GENERATION, RANK, REASON, RECOVERY, STATE, STRAGGLERS
 from kcover.k8s.operator.policy import GROUP, PLURAL, VERSION
 from kcover.k8s.operator.reconcile import Conflict
 from kcover.k8s.operator.record import RecoveryRecord
@@ -195,21 +195,35 @@ class Actuator:
                     raise
         return deleted
 
-    def order_generation(self, pods: Sequence[PodView], generation: int) -> None:
+    def order_generation(self, pods: Sequence[PodView], generation: int, ranks: Mapping[str, int]) -> None:
         """An in-place restart: write the new generation on every pod (``kcover pod`` in each reads it through
-        the downward API), in parallel; pods that already carry it, or are gone, are skipped."""
+        the downward API), in parallel; pods that already carry it, or are gone, are skipped.  A standby in
+        ``ranks`` (uid → rank) gets its rank in the same patch: the kubelet rewrites both files at once."""
         due = [p for p in pods if (p.ordered or 0) < generation]
-        patch = {"metadata": {"annotations": {GENERATION: str(generation)}}}
+        self._patch_pods([(p, {GENERATION: str(generation), **({RANK: str(ranks[p.uid])} if p.uid in ranks else {})})
+                          for p in due])
 
-        def order(pod: PodView) -> None:
+    def assign_ranks(self, pods: Sequence[PodView], values: Mapping[str, str]) -> None:
+        """A standby job's pods: their rank, ``standby`` or ``done`` (annotation for ``kcover pod``, label for a
+        Service that selects rank 0's pod as ``MASTER_ADDR``)."""
+        self._patch_pods([(p, {RANK: values[p.uid]}) for p in pods if p.uid in values])
+
+    def _patch_pods(self, patches: Sequence[tuple[PodView, dict[str, str]]]) -> None:
+        """Annotate pods in parallel (``kcover.io/rank`` also as a label); a pod gone meanwhile is skipped."""
+        def patch(item: tuple[PodView, dict[str, str]]) -> None:
+            pod, annotations = item
+            body: dict[str, Any] = {"metadata": {"annotations": annotations}}
+            if RANK in annotations:
+                body["metadata"]["labels"] = {RANK: annotations[RANK]}
             try:
-                self.core.patch_namespaced_pod(pod.name, pod.namespace, patch, field_manager=FIELD_MANAGER)
+                self.core.patch_namespaced_pod(pod.name, pod.namespace, body, field_manager=FIELD_MANAGER)
             except ApiException as error:
                 if error.status != 404:
                     raise
 
-        with ThreadPoolExecutor(max_workers=min(ORDER_THREADS, max(1, len(due)))) as pool:
-            list(pool.map(order, due))
+        if patches:
+            with ThreadPoolExecutor(max_workers=min(ORDER_THREADS, len(patches))) as pool:
+                list(pool.map(patch, patches))
 
     def note_stragglers(self, job: JobView, text: str) -> str | None:
         """The ranks flagged as stragglers now (``kcover.io/stragglers``; not guarded: only this replica writes

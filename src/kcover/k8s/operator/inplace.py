@@ -47,7 +47,9 @@ def failure_step(pods: Sequence[PodView], verdict: Verdict) -> int | None:
 
 def choose(pods: Sequence[PodView], verdict: Verdict, excluded: Sequence[str], record: RecoveryRecord,
            policy: JobPolicy) -> Choice:
-    """Whether the failure of a job with these current pods is restarted in place."""
+    """Whether the failure of a job with these current pods is restarted in place (standby pods, which run no
+    rank, take no part)."""
+    pods = [p for p in pods if not p.stands_by]
     if not policy.in_place:
         return Choice(None, "pods restarted: in-place restart is off for this job")
     if excluded or verdict.node_at_fault:

@@ -22,6 +22,7 @@ from kcover.k8s.names import (
     IN_PLACE,
     IN_PLACE_TIMEOUT,
     MAX_RESTARTS,
+    STANDBY,
     STRAGGLER_ACTION,
     TOTAL_STEPS,
     USER_CODE_RETRIES,
@@ -45,6 +46,9 @@ class JobPolicy:
     """``replace``: restart the job without a straggler's node when a spare node exists and it pays."""
     total_steps: int | None = None
     """The job's number of steps (per job only): what finishing at the healthy pace would save."""
+    standby: int = 0
+    """How many of the job's pods are warm standbys (per job only; its pods run ``kcover pod --assigned-rank``):
+    a blamed node's rank is handed to one and every other pod restarts in place."""
 
 
 def from_resource(base: JobPolicy, spec: Mapping[str, Any]) -> JobPolicy:
@@ -69,6 +73,7 @@ def from_resource(base: JobPolicy, spec: Mapping[str, Any]) -> JobPolicy:
         in_place_timeout=float(spec.get("inPlaceTimeoutSeconds", base.in_place_timeout)),
         straggler_action=StragglerAction(spec.get("stragglerAction", base.straggler_action.value)),
         total_steps=base.total_steps,
+        standby=base.standby,
     )
 
 
@@ -123,6 +128,10 @@ def _set_total_steps(policy: JobPolicy, text: str) -> JobPolicy:
     return replace(policy, total_steps=_integer(text, 1, 10**12))
 
 
+def _set_standby(policy: JobPolicy, text: str) -> JobPolicy:
+    return replace(policy, standby=_integer(text, 0, 10_000))
+
+
 SETTERS: dict[str, Callable[[JobPolicy, str], JobPolicy]] = {
     MAX_RESTARTS: _set_max_restarts,
     USER_CODE_RETRIES: _set_user_code_retries,
@@ -132,6 +141,7 @@ SETTERS: dict[str, Callable[[JobPolicy, str], JobPolicy]] = {
     IN_PLACE_TIMEOUT: _set_in_place_timeout,
     STRAGGLER_ACTION: _set_straggler_action,
     TOTAL_STEPS: _set_total_steps,
+    STANDBY: _set_standby,
 }
 
 

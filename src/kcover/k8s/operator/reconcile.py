@@ -41,7 +41,7 @@ from kcover.decide.policy import DecisionKind
 from kcover.faults import Role
 from kcover.health.quarantine.policy import NodeAction, NodeDecision
 from kcover.k8s.kinds import BATCH_JOB, JOBSET
-from kcover.k8s.operator import inplace, metrics
+from kcover.k8s.operator import inplace, metrics, standby
 from kcover.k8s.operator.assess import Assessment, assess, current_pods
 from kcover.k8s.operator.policy import JobPolicy, from_resource, with_annotations
 from kcover.k8s.operator.record import RecoveryPhase, RecoveryRecord, RestartMethod, RestartStep
@@ -108,7 +108,9 @@ class JobActions(Protocol):
 
     def finish_replacements(self) -> tuple[list[dict[str, Any]], int]: ...
 
-    def order_generation(self, pods: Sequence[PodView], generation: int) -> None: ...
+    def order_generation(self, pods: Sequence[PodView], generation: int, ranks: Mapping[str, int]) -> None: ...
+
+    def assign_ranks(self, pods: Sequence[PodView], values: Mapping[str, str]) -> None: ...
 
     def write_record(self, job: JobView, record: RecoveryRecord) -> None: ...
 
@@ -182,6 +184,7 @@ class Reconciler:
             self.straggling.finished(job)
             return False
         policy = self.policy(job)
+        self._assign_ranks(job, record, policy)
         if record.phase is RecoveryPhase.RESTARTING:
             return self.resume(job, record, policy)
         if job.suspended:
@@ -236,6 +239,23 @@ class Reconciler:
                 self._warn_once(job, warning, reason, warning)
         return policy
 
+    def _assign_ranks(self, job: JobView, record: RecoveryRecord, policy: JobPolicy) -> None:
+        """A standby job's new pods get a rank or ``standby``, its standbys ``done`` at the end
+        (:mod:`~kcover.k8s.operator.standby`); ranks a standby restart hands over are not given twice."""
+        if policy.standby <= 0:
+            return
+        ranks = standby.ranks_of(job, policy)
+        if ranks is None:
+            message = (f"kcover.io/standby={policy.standby} ignored: it needs a batch Job whose parallelism is more "
+                       f"than its standby pods (parallelism: {job.parallelism})")
+            self._warn_once(job, "standby", "KcoverBadAnnotation", message)
+            return
+        handed = {rank for _, rank in record.takeover} if record.phase is RecoveryPhase.RESTARTING else set()
+        pods = self.world.pods_of(job)
+        values = standby.assignments(pods, ranks, handed)
+        if values:
+            self.actions.assign_ranks(pods, values)
+
     def _warn_once(self, job: JobView, key: str, reason: str, message: str) -> None:
         if (job.key, key) not in self.world.warned:
             self.world.warned.add((job.key, key))
@@ -273,7 +293,10 @@ class Reconciler:
             metrics.FAILED.labels(root.category.value if root else "unknown").inc()
             return False
         choice = inplace.choose(current, verdict, decision.excluded, record, policy)
-        method = RestartMethod.IN_PLACE if choice.order else self._method(job, pods, assessment.failing_pods)
+        if standby.ranks_of(job, policy) is not None:
+            choice = standby.choose(current, verdict, decision.excluded, record, policy) or choice
+        method = (RestartMethod.STANDBY if choice.order and choice.order.takeover else RestartMethod.IN_PLACE
+                  if choice.order else self._method(job, pods, assessment.failing_pods))
         claimed = record.claimed(
             state, verdict, decision.reason, now, decision.delay, replaced=[p.uid for p in pods],
             failing=assessment.failing_pods, quarantine=decision.excluded if policy.quarantine else (),
@@ -324,7 +347,7 @@ class Reconciler:
             self._prepare(job, record, policy)
         if not record.due(self.clock.now()):
             return True
-        if record.method is RestartMethod.IN_PLACE:
+        if record.method in (RestartMethod.IN_PLACE, RestartMethod.STANDBY):
             return self._resume_in_place(job, record, policy, started)
         if record.method is RestartMethod.RECREATE and self._replace(job, record, started):
             return False
@@ -358,7 +381,10 @@ class Reconciler:
         if problem is not None:
             return self._escalate(job, record, policy, pods, problem, started)
         if record.step is not RestartStep.ORDERED:
-            self.actions.order_generation([p for p in pods if p.uid in record.in_place_pods], record.generation)
+            if record.replaced:  # a standby restart: the blamed node's pods go first (their ranks are handed over)
+                self.actions.delete_pods(pods, record.replaced, policy.grace_period)
+            self.actions.order_generation([p for p in pods if p.uid in record.in_place_pods], record.generation,
+                                          dict(record.takeover))
             self.failpoint("after-order")
             self.actions.write_record(job, record.ordered(self.clock.now()))
             return True

@@ -59,6 +59,8 @@ class RestartMethod(StrEnum):
     RENEW_CHILDREN = "renew-children"
     IN_PLACE = "in-place"
     """The pods stay; ``kcover pod`` in each restarts its workers for a new generation."""
+    STANDBY = "standby"
+    """A blamed node's pods go, warm standby pods take their ranks, and every other pod restarts in place."""
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,8 @@ class RecoveryRecord:
     """The uids of the pods an in-place restart orders (each must reach the new generation)."""
     in_place_step: int | None = None
     """The step the last in-place restart's failure came at: a failure that gets no further restarts the pods."""
+    takeover: tuple[tuple[str, int], ...] = ()
+    """A standby restart's (standby pod uid, rank it takes over); the pods it deletes are in ``replaced``."""
     ordered_at: dt.datetime | None = None
     productive: float = 0.0
     """Productive seconds of the job's runs that ended in a restart (:mod:`kcover.k8s.progress`)."""
@@ -163,7 +167,8 @@ class RecoveryRecord:
             failing=_strings(raw.get("failing")), quarantine=_strings(raw.get("quarantine", raw.get("exclude"))),
             method=_enum(RestartMethod, raw.get("method"), RestartMethod.NATIVE), why=str(raw.get("why") or "")[:500],
             generation=_int(raw.get("generation"), 0), in_place_pods=_strings(raw.get("in_place_pods")),
-            in_place_step=_optional_int(raw.get("in_place_step")), ordered_at=parse_rfc3339(raw.get("ordered_at")),
+            in_place_step=_optional_int(raw.get("in_place_step")), takeover=_takeover(raw.get("takeover")),
+            ordered_at=parse_rfc3339(raw.get("ordered_at")),
             productive=_seconds(raw.get("productive")), began=parse_rfc3339(raw.get("began")),
             ended=parse_rfc3339(raw.get("ended")),
             last=FailureSummary.from_dict(last) if isinstance(last, dict) else None,
@@ -186,6 +191,8 @@ class RecoveryRecord:
             written |= {"generation": self.generation, "in_place_pods": list(self.in_place_pods)}
         if self.in_place_step is not None:
             written["in_place_step"] = self.in_place_step
+        if self.takeover:
+            written["takeover"] = [[uid, rank] for uid, rank in self.takeover]
         if self.step is not RestartStep.CLAIMED:
             written["step"] = self.step.value
         if self.productive:
@@ -223,7 +230,8 @@ class RecoveryRecord:
         creation (``began``) is kept the first time.
 
         An in-place restart (``in_place``) replaces no pod: it records the generation to order, the pods
-        that must reach it and the step the failure came at; a restart of pods forgets that step.
+        that must reach it and the step the failure came at; a restart of pods forgets that step.  A standby
+        restart replaces only the blamed node's pods, and records which standby takes which rank.
         """
         base = replace(
             self._with_state(state), attempt=self.attempt + 1, phase=RecoveryPhase.RESTARTING,
@@ -233,9 +241,9 @@ class RecoveryRecord:
             productive=self.productive + _seconds(run), began=self.began or began,
         )
         if in_place is None:
-            return replace(base, in_place_pods=(), in_place_step=None)
-        return replace(base, replaced=(), generation=in_place.generation, in_place_pods=in_place.pods,
-                       in_place_step=in_place.step)
+            return replace(base, in_place_pods=(), in_place_step=None, takeover=())
+        return replace(base, replaced=in_place.dropped, generation=in_place.generation, in_place_pods=in_place.pods,
+                       in_place_step=in_place.step, takeover=in_place.takeover)
 
     def ordered(self, now: dt.datetime) -> RecoveryRecord:
         """An in-place restart's generation is written on its pods."""
@@ -244,7 +252,7 @@ class RecoveryRecord:
     def escalated(self, replaced: Sequence[str], method: RestartMethod, why: str, now: dt.datetime) -> RecoveryRecord:
         """An in-place restart that could not finish becomes a restart of the pods (same attempt, no backoff)."""
         return replace(self, step=RestartStep.CLAIMED, method=method, why=why, replaced=tuple(replaced),
-                       not_before=now, in_place_pods=(), in_place_step=None)
+                       not_before=now, in_place_pods=(), in_place_step=None, takeover=())
 
     def suspended(self) -> RecoveryRecord:
         return replace(self, step=RestartStep.SUSPENDED)
@@ -266,16 +274,19 @@ class RecoveryRecord:
 
 _KNOWN = frozenset({"attempt", "phase", "step", "restarts", "streak", "failures", "excluded", "restarted_at",
                     "not_before", "replaced", "failing", "quarantine", "exclude", "method", "last", "why", "generation",
-                    "in_place_pods", "in_place_step", "ordered_at", "productive", "began", "ended"})
+                    "in_place_pods", "in_place_step", "takeover", "ordered_at", "productive", "began", "ended"})
 
 
 @dataclass(frozen=True)
 class InPlaceOrder:
-    """What an in-place restart orders: the new generation, the pods that must reach it, the failure's step."""
+    """What an in-place restart orders: the new generation, the pods that must reach it, the failure's step; for a
+    standby restart also the pods it deletes and which standby pod takes which rank."""
 
     generation: int
     pods: tuple[str, ...]
     step: int | None = None
+    dropped: tuple[str, ...] = ()
+    takeover: tuple[tuple[str, int], ...] = ()
 
 
 def _past_failure(raw: Mapping[str, Any]) -> PastFailure:
@@ -287,6 +298,12 @@ def _past_failure(raw: Mapping[str, Any]) -> PastFailure:
     step = raw.get("hung_at_step")
     return PastFailure(parsed, _optional_str(raw.get("rule")),
                        step if isinstance(step, int) and not isinstance(step, bool) else None)
+
+
+def _takeover(value: object) -> tuple[tuple[str, int], ...]:
+    return tuple((pair[0], pair[1]) for pair in _list(value)
+                 if isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str)
+                 and isinstance(pair[1], int) and not isinstance(pair[1], bool) and 0 <= pair[1] < 10**7)
 
 
 def _list(value: object) -> list[Any]:

@@ -21,11 +21,12 @@ from kcover.k8s.names import (
     POD_FAULTS,
     POD_STATE,
     PROGRESS,
+    RANK,
     RECOVERY,
     STEP_TIMES,
 )
 from kcover.k8s.progress import PodProgress
-from kcover.podline import MAX_GENERATION
+from kcover.podline import MAX_GENERATION, PodState
 from kcover.timestamps import parse_rfc3339
 
 
@@ -62,6 +63,8 @@ class PodView:
     """The ranks' newest compute seconds per step as the agent last recorded them."""
     node_selector: tuple[tuple[str, str], ...] = ()
     """The pod's ``nodeSelector``: where a replacement could go."""
+    assigned: str | None = None
+    """What the operator assigned it (``kcover.io/rank``: a rank, ``standby`` or ``done``; jobs with standby)."""
 
     @property
     def times(self) -> wire.StepTimes | None:
@@ -78,6 +81,12 @@ class PodView:
         if progress is None or progress.generation != (self.status.generation if self.status else None):
             return None
         return progress
+
+    @property
+    def stands_by(self) -> bool:
+        """A standby job's pod that runs no rank: assigned ``standby`` or ``done``, or says it stands by."""
+        return self.assigned in ("standby", "done") or (self.status is not None
+                                                        and self.status.state is PodState.STANDBY)
 
     @property
     def restartable_in_place(self) -> bool:
@@ -104,6 +113,8 @@ class JobView:
     """Epoch seconds when it finished (None: not finished, or the time is not recorded)."""
     succeeded: bool = False
     """Finished with a success condition (Complete, Succeeded, Completed)."""
+    parallelism: int | None = None
+    """A batch Job's pods at once (``spec.parallelism``): with standby, its ranks' pods plus the standbys."""
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -144,6 +155,7 @@ def pod_view(body: Mapping[str, Any], remediation: dict[str, str] | None = None)
         progress=PodProgress.decode(annotations.get(PROGRESS)),
         step_times=wire.StepTimes.decode(annotations.get(STEP_TIMES)),
         node_selector=tuple(sorted((str(k), str(v)) for k, v in (spec.get("nodeSelector") or {}).items())),
+        assigned=str(annotations[RANK])[:16] if RANK in annotations else None,
     )
 
 
@@ -174,6 +186,7 @@ def job_view(kind: str, body: Mapping[str, Any]) -> JobView:
         spec_problems=spec_problems(kind, spec), created=created.timestamp() if created else None,
         ended=ended.timestamp() if ended and finished else None,
         succeeded=any(c.get("type") in ("Complete", "Succeeded", "Completed") for c in finishing),
+        parallelism=_number(str(spec.get("parallelism"))) if kind == "Job" else None,
     )
 
 
