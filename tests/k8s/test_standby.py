@@ -69,6 +69,7 @@ def test_a_blamed_nodes_rank_goes_to_a_standby_and_the_others_restart_in_place()
     _, record = current(reconciler, job)
     assert record.phase is RecoveryPhase.RUNNING and record.restarts == 1
     assert actions.names().count("order") == 1 and actions.names().count("delete_pods") == 1
+    assert ("event", "KcoverRestart") in actions.calls[-2:]
 
 
 def test_without_a_ready_standby_the_pods_are_restarted_and_the_record_says_why() -> None:

@@ -396,7 +396,9 @@ class Reconciler:
         if started is not None:
             metrics.REACTION.observe(self.clock.monotonic() - started)
         took = (self.clock.now() - record.restarted_at).total_seconds() if record.restarted_at else 0.0
-        self.actions.event(job, "KcoverRestart", f"restarted in place: generation {record.generation} runs in "
+        handed = ", ".join(f"rank {rank}" for _, rank in record.takeover)
+        how = f"restarted with warm standby ({handed} taken over)" if handed else "restarted in place"
+        self.actions.event(job, "KcoverRestart", f"{how}: generation {record.generation} runs in "
                            f"{len(record.in_place_pods)} pods, {took:.1f}s after the decision")
         log.info("%s %s/%s: restart %s done in place (generation %s)", job.kind.kind, job.namespace, job.name,
                  record.attempt, record.generation)
