@@ -89,8 +89,8 @@ def test_a_blamed_nodes_rank_moves_to_the_warm_standby_and_the_other_pod_restart
         resumed = RESUMED.search(pod_log(pool, taker))
         assert resumed is not None and (int(resumed.group(1)), resumed.group(2)) == (12, "peer")
         keeper = next(p for p in pods.values() if rank_of(p) == "0")
-        resumed = RESUMED.search(pod_log(pool, keeper))
-        assert resumed is not None and (int(resumed.group(1)), resumed.group(2)) == (12, "memory")
+        resumes = [(int(m.group(1)), m.group(2)) for m in RESUMED.finditer(pod_log(pool, keeper))]
+        assert resumes == [(0, "scratch"), (12, "memory")]  # generation 0, then generation 1 in the same pod
         assert keeper["metadata"]["uid"] in {p["metadata"]["uid"] for p in first}  # the same pod, in place
         refill = [p for p in pods.values() if p["metadata"]["uid"] not in {q["metadata"]["uid"] for q in first}]
         assert [(index_of(p), rank_of(p), p["status"]["phase"]) for p in refill] == [
