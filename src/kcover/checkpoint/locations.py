@@ -74,8 +74,11 @@ def dir_token(directory: Path) -> str:
         with contextlib.suppress(FileNotFoundError, NotADirectoryError, PermissionError):
             return read_token(path)
         directory.mkdir(parents=True, exist_ok=True)
-        partial = directory / f".kcover-id.{os.getpid()}.tmp"
-        partial.write_text(secrets.token_hex(8))
+        token = secrets.token_hex(8)
+        # named by the token, not the pid: ranks in containers share pids (pid 1 in each pod), and one rank
+        # removed the other's file before it was linked, leaving that rank without the dir's id
+        partial = directory / f".kcover-id.{token}.tmp"
+        partial.write_text(token)
         with contextlib.suppress(FileExistsError):
             os.link(partial, path)  # create-if-absent, atomically: concurrent ranks agree on one token
         partial.unlink()

@@ -14,10 +14,13 @@ it prints ``done`` and exits 0.  ``REPLICAS=N`` keeps each snapshot in the memor
 buddy ranks on other nodes too (the shared-memory folder is created if missing).
 A hang on demand: when the file ``HANG_FILE`` exists, rank ``HANG_RANK`` removes it
 after step ``HANG_AFTER`` and stops stepping (its peers then wait in the collective).
+What kcover.checkpoint says at INFO and above (where a step was restored from, a replica that
+could not be pushed or fetched) goes to stderr, so a test that fails can show it.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from pathlib import Path
@@ -31,6 +34,8 @@ from kcover.checkpoint import Checkpointer
 
 
 def main() -> None:
+    logging.basicConfig(format="%(name)s %(levelname)s: %(message)s")
+    logging.getLogger("kcover.checkpoint").setLevel(logging.INFO)
     rank = int(os.environ.get("RANK", os.environ.get("JOB_COMPLETION_INDEX", "0")))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     os.environ["RANK"] = str(rank)
