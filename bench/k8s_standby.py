@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.k8s_in_place import moments
+from bench.k8s_in_place import moments, record
 from bench.k8s_real_restart import KMSG_XID, attempt, release, start_kcover, wait
 from kcover.testing import TestCluster, find_binaries
 from kcover.testing.realjobs import kill_trainers_on, pod_log, pods_of, trainer_job
@@ -57,7 +57,7 @@ def stepping_since(cluster: TestCluster, pool: RealNodePool, namespace: str, sin
 
 
 def one_trial(cluster: TestCluster, pool: RealNodePool, namespace: str, root: Path, trial: int,
-              standby: int) -> tuple[float, float]:
+              standby: int) -> tuple[float, float, str]:
     """Start the job, fault one rank's node; the seconds to the operator's claim and to every rank stepping."""
     job = trainer_job(JOB, namespace, pool, RANKS, checkpoints=root / f"ckpt-{trial}-{standby}", opted_in=True,
                       in_place=True, standby=standby, project_root=ROOT,
@@ -75,13 +75,16 @@ def one_trial(cluster: TestCluster, pool: RealNodePool, namespace: str, root: Pa
     assert kill_trainers_on(pool, node), "no trainer to kill"
     decided = wait(lambda: (now := attempt(cluster, namespace)) is None or now > before) - started
     stepped = wait(lambda: stepping_since(cluster, pool, namespace, began)) - started
+    method = str(record(cluster, namespace).get("method"))
+    where = {p["spec"].get("nodeName") for p in ranks_pods(cluster, namespace)}
+    assert node not in where, f"trial {trial}: a rank stepped again on the blamed node {node}: {method} restart"
     cluster.api.request("DELETE", f"/apis/batch/v1/namespaces/{namespace}/jobs/{JOB}",
                         body={"propagationPolicy": "Foreground", "gracePeriodSeconds": 0})
     wait(lambda: not pods_of(cluster, namespace, JOB))
     wait(lambda: not any(j["metadata"]["name"] == JOB for j in
                          cluster.api.get(f"/apis/batch/v1/namespaces/{namespace}/jobs")["items"]))
     release(cluster, node)
-    return decided, stepped
+    return decided, stepped, method
 
 
 def run(trials: int) -> None:
@@ -97,7 +100,7 @@ def run(trials: int) -> None:
             "apiVersion": "kcover.io/v1alpha1", "kind": "RecoveryPolicy", "metadata": {"name": "default"},
             "spec": {"backoffSeconds": 0, "maxRestarts": 1000}})
         processes = start_kcover(cluster, pool, nodes, namespace, root)
-        rows: dict[int, list[tuple[float, float]]] = {1: [], 0: []}
+        rows: dict[int, list[tuple[float, float, str]]] = {1: [], 0: []}
         try:
             for trial in range(trials):
                 for standby in (1, 0):
@@ -110,10 +113,10 @@ def run(trials: int) -> None:
     print(f"{RANKS}-rank gloo DDP job under kcover pod on {NODES} real nodes, {trials} trials of each way, "
           f"alternating ({time.monotonic() - began:.0f} s in all); an Xid 79 and a SIGKILLed rank -> every rank "
           "stepping again (s)")
-    print("way       trial  operator's claim  every rank stepping")
+    print("way       trial  operator's claim  every rank stepping  method")
     for standby, name in ((1, "standby"), (0, "none")):
-        for index, (decided, stepped) in enumerate(rows[standby]):
-            print(f"{name:<8}  {index:5d}  {decided:16.2f}  {stepped:19.2f}")
+        for index, (decided, stepped, method) in enumerate(rows[standby]):
+            print(f"{name:<8}  {index:5d}  {decided:16.2f}  {stepped:19.2f}  {method}")
     fast = statistics.median(r[1] for r in rows[1])
     slow = statistics.median(r[1] for r in rows[0])
     print(f"median with a warm standby {fast:.2f} s, without {slow:.2f} s: ratio {fast / slow:.2f} "

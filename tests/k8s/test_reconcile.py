@@ -233,6 +233,23 @@ def test_a_gpu_fault_restarts_the_job_without_its_node_step_by_step() -> None:
     assert actions.names().count("claim") == 1
 
 
+def test_a_job_submitted_again_under_the_same_name_gets_its_own_evidence_and_quarantine() -> None:
+    """Its attempts count from 1 again: the operator must not take its first restart for the old job's
+    (found by bench.k8s_standby: the second job's blamed node was never cordoned and its pod came back there)."""
+    reconciler, actions = fake_reconciler()
+    job = xid_job(reconciler)
+    reconciler.evaluate(job)
+    del reconciler.world.jobs[job.key]  # the user deletes the job and its pods, and the node is released
+    reconciler.world.pods.clear()
+    actions.quarantined.clear()
+    actions.calls.clear()
+    reconciler.clock.advance(60)
+    again = xid_job(reconciler)
+    assert reconciler.evaluate(again)
+    assert actions.names() == ["claim", "event", "evidence", "quarantine", "event", "suspend"]
+    assert current(reconciler, again)[1].attempt == 2
+
+
 def test_a_new_leader_replays_evidence_and_quarantine_once() -> None:
     crashed: list[str] = []
 

@@ -47,6 +47,19 @@ def fault_from_rule(rule: Rule, evidence: Evidence, count: int = 1) -> Fault:
     )
 
 
+def evidence_of(source: SourceInfo, hit: Hit) -> Evidence:
+    """The evidence of one hit: the line (cut around the match), where it was, and its rank and node."""
+    line = hit.line
+    return Evidence(
+        source=source.name,
+        line=evidence_text(line.text, hit.rule.position(line.text)),
+        line_number=hit.line_number,
+        timestamp=line.timestamp,
+        rank=line.rank if line.rank is not None else source.rank,
+        node=source.node or line.node,
+    )
+
+
 class FaultCollector:
     """Accumulates the faults of one job, in the order they were first seen."""
 
@@ -59,20 +72,11 @@ class FaultCollector:
 
     def add_hit(self, source: SourceInfo, hit: Hit) -> Fault | None:
         """Record one hit; returns the new fault, or ``None`` when it only raised a count."""
-        line = hit.line
-        key = (source.name, hit.rule.id, line_shape(line.text))
+        key = (source.name, hit.rule.id, line_shape(hit.line.text))
         if key in self._counts:
             self._counts[key] += 1
             return None
-        evidence = Evidence(
-            source=source.name,
-            line=evidence_text(line.text, hit.rule.position(line.text)),
-            line_number=hit.line_number,
-            timestamp=line.timestamp,
-            rank=line.rank if line.rank is not None else source.rank,
-            node=source.node or line.node,
-        )
-        return self.add(hit.rule, evidence, key[2])
+        return self.add(hit.rule, evidence_of(source, hit), key[2])
 
     def add(self, rule: Rule, evidence: Evidence, shape: str | None = None) -> Fault | None:
         """Record a fault seen as ``evidence``; repeats of the same shape are counted."""

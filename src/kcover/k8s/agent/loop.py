@@ -34,6 +34,7 @@ from kcover.collect.lines import clean_block
 from kcover.collect.sources import SourceInfo
 from kcover.faults import NO_PROGRESS_RULE, Evidence
 from kcover.k8s.agent.inject import InjectionDesk
+from kcover.k8s.agent.kernel_faults import KernelFaults
 from kcover.k8s.agent.pods import PodDirectory, PodInfo
 from kcover.k8s.agent.report import KubeReporter
 from kcover.k8s.agent.tail import KernelLog, Tailer, find_container_logs
@@ -60,7 +61,7 @@ class Agent:
         self.collectors: dict[str, FaultCollector] = {}
         self.progress: dict[str, HangDetector] = {}
         self.hung: set[str] = set()
-        self.node_faults = FaultCollector()
+        self.node_faults = KernelFaults()
         self.swept = time.monotonic()
         self.no_progress = next((r for r in self.matcher.rules if r.id == NO_PROGRESS_RULE), None)
 
@@ -211,14 +212,13 @@ class Agent:
         source = SourceInfo(name=f"{self.node}/kmsg", node=self.node)
         new = 0
         for hit in self.matcher.scan_block(block, 1):
-            fault = self.node_faults.add_hit(source, hit)
-            if fault is None:
-                continue
-            new += 1
-            if fault.is_fatal or fault.node_at_fault:
+            sighting = self.node_faults.add_hit(source, hit, pods)
+            fault = sighting.fault
+            if sighting.new and (fault.is_fatal or fault.node_at_fault):
                 self.reporter.node_unhealthy(fault)
-            for pod in pods.values():
-                self.reporter.new_fault(pod, fault)
+            for uid in sighting.tell:
+                self.reporter.new_fault(pods[uid], fault)
+            new += bool(sighting.new or sighting.tell)
         return new
 
 

@@ -127,7 +127,7 @@ class World:
     jobs: dict[JobKey, JobView] = field(default_factory=dict)
     dirty: dict[JobKey, float] = field(default_factory=dict)
     warned: set[tuple[JobKey, str]] = field(default_factory=set)
-    prepared: set[tuple[JobKey, int]] = field(default_factory=set)
+    prepared: set[tuple[JobKey, int, str]] = field(default_factory=set)
     failing_since: dict[JobKey, float] = field(default_factory=dict)
     recreating: bool = True  # a Job may wait to be created again (set at start: a crash may have left one)
 
@@ -316,8 +316,9 @@ class Reconciler:
             job.kind, RestartMethod.NATIVE)
 
     def _prepare(self, job: JobView, record: RecoveryRecord, policy: JobPolicy) -> None:
-        """Steps 2–3, once per attempt in this process (a new leader replays them; both are idempotent)."""
-        attempt = (job.key, record.attempt)
+        """Steps 2–3, once per claimed restart in this process (a new leader replays them; both are idempotent).
+        A claim is known by its time too: a job submitted again under the same name counts its attempts anew."""
+        attempt = (job.key, record.attempt, str(record.restarted_at))
         if attempt in self.world.prepared:
             return
         decision = record.last.decision if record.last else ""
