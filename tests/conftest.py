@@ -5,13 +5,19 @@ each test, any process carrying this session's value that did not exist before
 the test (the session's own test-cluster components excepted) is a leak: it is
 killed and the test fails.  Other sessions on the same machine are never
 touched, and workers orphaned by a crashed launcher are still found.
+
+``kcover run`` keeps each simulated node's memory in ``/dev/shm/kcover-nodes-*``
+and leaves it for the job's next run when it is killed; the tests that kill it
+do so on purpose, so the session removes the folders it created when it ends.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import psutil
 import pytest
@@ -52,3 +58,13 @@ def no_leftover_processes() -> Iterator[None]:
         except psutil.Error:
             continue
     assert not names, f"test left processes behind: {names}"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def no_leftover_node_memory() -> Iterator[None]:
+    """Remove the simulated nodes' memory folders this session created in /dev/shm."""
+    shm = Path("/dev/shm")
+    before = set(shm.glob("kcover-nodes-*"))
+    yield
+    for folder in set(shm.glob("kcover-nodes-*")) - before:
+        shutil.rmtree(folder, ignore_errors=True)

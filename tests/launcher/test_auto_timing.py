@@ -24,7 +24,6 @@ from tests.launcher.test_run import run
 
 from kcover.launcher.workers import AUTO_TIMING, with_auto_timing
 from kcover.podline import parse_timings
-from kcover.ports import free_port
 
 DDP_TRAIN = Path(__file__).parent / "workers" / "ddp_train.py"
 STEPS = 6
@@ -34,7 +33,9 @@ VARIANTS = ("", "hook", "late-hook", "builtin", "twice", "accumulate", "eval", "
 
 def plain_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KCOVER_") and k != "PYTHONPATH"}
-    return {**env, "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+    # MASTER_PORT 0: a world of one binds a port of the kernel's choice (free_port() raced between the runs
+    # started at once: EADDRINUSE)
+    return {**env, "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0",
             "STEPS": str(STEPS), **extra}
 
 
