@@ -68,6 +68,20 @@ def test_storage_checks_on_a_real_folder(make_ctx: Callable[..., CheckContext], 
     assert missing.status is Status.FAIL and "not a folder" in missing.reason
 
 
+def test_storage_checks_of_many_nodes_in_one_shared_folder_at_once_all_pass(
+        make_ctx: Callable[..., CheckContext], tmp_path: Path) -> None:
+    """Every node's agent checks the same shared checkpoint folder, often as pid 1 of its container: the scratch
+    files were named by the pid, so the agents wrote, read and removed one file (here: threads of one pid)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    ctx = make_ctx(storage={"size_mb": 8, "min_write_mb_s": 1, "min_read_mb_s": 1})
+    checks = [storage.ReadThroughput(), storage.WriteThroughput(), storage.FsyncLatency()] * 4
+    with ThreadPoolExecutor(len(checks)) as pool:
+        outcomes = list(pool.map(lambda check: check.run(ctx), checks))
+    assert [o.status for o in outcomes] == [Status.PASS] * len(checks), outcomes
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_free_space_judgement() -> None:
     assert storage.judge_free(5, 0.5, 10, 0.05, "/x").status is Status.FAIL
     assert storage.judge_free(500, 0.01, 10, 0.05, "/x").status is Status.FAIL

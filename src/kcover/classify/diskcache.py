@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import stat
 from pathlib import Path
 
@@ -44,7 +45,7 @@ def read_cached(name: str) -> bytes | None:
 def write_cached(name: str, data: bytes) -> None:
     """Cache ``data`` as ``name``, atomically (a reader never sees half a file); errors are ignored."""
     target = cache_dir() / name
-    partial = target.with_suffix(f".{os.getpid()}.tmp")
+    partial = target.with_suffix(f".{secrets.token_hex(8)}.tmp")  # not the pid: containers share pids
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         partial.write_bytes(data)

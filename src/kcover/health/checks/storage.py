@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +26,9 @@ _BLOCK = 4 << 20
 
 @contextlib.contextmanager
 def scratch_file(folder: Path, tag: str) -> Iterator[Path]:
-    path = folder / f".kcover-health-{tag}-{os.getpid()}"
+    """A file of this check's own in ``folder``, removed afterwards.  Named by a random token: the agents of
+    many nodes check one shared folder, each as pid 1 of its container, and a name by pid was the same file."""
+    path = folder / f".kcover-health-{tag}-{secrets.token_hex(8)}"
     try:
         yield path
     finally:
