@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
+from prometheus_client import REGISTRY
 from tests.k8s.test_in_place import arrive, kcover_pod, settle
 from tests.k8s.test_reconcile import XID, FakeClock, current, fake_reconciler, job_body, put
 
@@ -45,7 +46,12 @@ def test_new_pods_get_their_indexs_rank_and_the_extra_pods_stand_by() -> None:
     assert "assign" not in actions.names()  # written once
 
 
+def standby_restarts() -> float:
+    return REGISTRY.get_sample_value("kcover_in_place_restarts_total", {"method": "standby", "outcome": "done"}) or 0.0
+
+
 def test_a_blamed_nodes_rank_goes_to_a_standby_and_the_others_restart_in_place() -> None:
+    before = standby_restarts()
     clock = FakeClock()
     reconciler, actions = fake_reconciler(clock)
     job = put(reconciler, standby_job(), pod("p0", "n0", 0, "0"), pod("p1", "n1", 1, "1", text=XID),
@@ -70,6 +76,7 @@ def test_a_blamed_nodes_rank_goes_to_a_standby_and_the_others_restart_in_place()
     assert record.phase is RecoveryPhase.RUNNING and record.restarts == 1
     assert actions.names().count("order") == 1 and actions.names().count("delete_pods") == 1
     assert ("event", "KcoverRestart") in actions.calls[-2:]
+    assert standby_restarts() == before + 1  # counted as a standby restart, not an in-place one
 
 
 def test_without_a_ready_standby_the_pods_are_restarted_and_the_record_says_why() -> None:

@@ -6,8 +6,9 @@ from prometheus_client import Counter, Gauge, Histogram
 
 FAULTS = Counter("kcover_faults_total", "Root-cause faults acted on, by category and rule", ["category", "rule"])
 RESTARTS = Counter("kcover_restarts_total", "Job restarts carried out", ["kind"])
-IN_PLACE = Counter("kcover_in_place_restarts_total", "In-place restarts, by outcome (done, or escalated to a "
-                   "restart of the pods)", ["outcome"])
+IN_PLACE = Counter("kcover_in_place_restarts_total", "Restarts of the workers in their pods, by method (in-place, "
+                   "or standby: a blamed node's ranks taken over by warm standby pods) and outcome (done, or "
+                   "escalated to a restart of the pods)", ["method", "outcome"])
 FAILED = Counter("kcover_failed_jobs_total", "Jobs kcover stopped recovering (fail fast or budget spent)",
                  ["category"])
 QUARANTINED = Gauge("kcover_quarantined_nodes", "Nodes currently quarantined by kcover")

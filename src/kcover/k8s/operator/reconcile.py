@@ -393,7 +393,7 @@ class Reconciler:
             return True
         self.actions.finish_restart(job, record.completed())
         metrics.RESTARTS.labels(job.kind.kind).inc()
-        metrics.IN_PLACE.labels("done").inc()
+        metrics.IN_PLACE.labels(record.method.value, "done").inc()
         if started is not None:
             metrics.REACTION.observe(self.clock.monotonic() - started)
         took = (self.clock.now() - record.restarted_at).total_seconds() if record.restarted_at else 0.0
@@ -413,7 +413,7 @@ class Reconciler:
         escalated = record.escalated([p.uid for p in current], method, f"pods restarted: {problem}",
                                      self.clock.now())
         self.actions.write_record(job, escalated)
-        metrics.IN_PLACE.labels("escalated").inc()
+        metrics.IN_PLACE.labels(record.method.value, "escalated").inc()
         self.actions.event(job, "KcoverInPlaceEscalated", f"restarting the pods instead: {problem}", warning=True)
         log.info("%s %s/%s: in-place restart escalated: %s", job.kind.kind, job.namespace, job.name, problem)
         return self.resume(job, escalated, policy, started)
