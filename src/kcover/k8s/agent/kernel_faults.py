@@ -67,7 +67,7 @@ class KernelFaults:
         key = (hit.rule.id, line_shape(hit.line.text))
         occurrence = self._seen.pop(key, None)
         new = occurrence is None or now - occurrence.seen > self.quiet
-        if occurrence is None or new:
+        if occurrence is None or new:  # (the first test only tells mypy what `new` already says)
             occurrence = Occurrence(fault_from_rule(hit.rule, evidence_of(source, hit)), now)
         occurrence.seen = now
         self._seen[key] = occurrence  # moved to the end: the most recently seen
