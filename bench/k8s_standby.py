@@ -16,7 +16,9 @@ and printed a step again.  Trials alternate between two jobs alike but for
 - **none**: the job's pods are restarted without the blamed node (a new pod
   is scheduled, started and imports torch: kcover's way before standby).
 
-The blamed node is released after each trial and the job deleted.  Also printed:
+A trial in which a rank steps again on the blamed node is an error, not a
+figure (the restart method is printed with each trial).  The blamed node is
+released after each trial and the job deleted.  Also printed:
 the operator's decision (its claim), from the same fault.  The job's
 RecoveryPolicy sets no backoff between restarts.
 """
