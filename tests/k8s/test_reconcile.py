@@ -26,6 +26,7 @@ from kcover.k8s import wire
 from kcover.k8s.names import RECOVERY
 from kcover.k8s.operator.reconcile import (
     CAUSE_GRACE_SECONDS,
+    FORGET_SECONDS,
     SETTLE_SECONDS,
     Conflict,
     Reconciler,
@@ -248,6 +249,38 @@ def test_a_job_submitted_again_under_the_same_name_gets_its_own_evidence_and_qua
     assert reconciler.evaluate(again)
     assert actions.names() == ["claim", "event", "evidence", "quarantine", "event", "suspend"]
     assert current(reconciler, again)[1].attempt == 2
+
+
+def test_a_replaced_job_is_prepared_once_and_a_deleted_ones_memories_are_forgotten_later() -> None:
+    """The operator remembers per job which restart it prepared and which warnings it gave; a long-lived
+    operator that sees many jobs come and go must not keep them all (it did: one entry per restart, forever)."""
+    reconciler, actions = fake_reconciler()
+    world, clock = reconciler.world, reconciler.clock
+    job = xid_job(reconciler)
+    reconciler.evaluate(job)
+    world.warned.add((job.key, "standby"))
+    assert job.key in world.prepared
+    claimed = current(reconciler, job)[0]
+    world.job_deleted(job.key, clock.monotonic())  # replaced by the restart: deleted, then created again
+    clock.advance(FORGET_SECONDS - 1)
+    reconciler.evaluate_due()
+    world.job_seen(claimed)
+    calls = len(actions.calls)
+    reconciler.evaluate(claimed)
+    assert "evidence" not in actions.names()[calls:], "the replaced job's restart is not prepared again"
+    clock.advance(FORGET_SECONDS * 2)
+    reconciler.evaluate_due()
+    assert job.key in world.prepared and (job.key, "standby") in world.warned, "a job still there is remembered"
+    for number in range(50):  # jobs that come, fail, restart and go
+        other = put(reconciler, job_view("Job", job_body(name=f"t{number}")))
+        world.prepared[other.key] = (2, "then")
+        world.failing_since[other.key] = clock.monotonic()
+        world.mark(other.key, clock.monotonic())
+        world.job_deleted(other.key, clock.monotonic())
+    world.job_deleted(job.key, clock.monotonic())
+    clock.advance(FORGET_SECONDS)
+    reconciler.evaluate_due()
+    assert (world.prepared, world.failing_since, world.dirty, world.gone, world.warned) == ({}, {}, {}, {}, set())
 
 
 def test_a_new_leader_replays_evidence_and_quarantine_once() -> None:

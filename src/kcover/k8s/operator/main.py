@@ -87,9 +87,9 @@ def build_registry(config: Config, world: World) -> kopf.OperatorRegistry:
         def handler(type: str, body: kopf.Body, **_: Any) -> None:
             view = job_view(kind, body)
             if type == "DELETED":
-                world.jobs.pop(view.key, None)
+                world.job_deleted(view.key, clock.monotonic())
                 return
-            world.jobs[view.key] = view
+            world.job_seen(view)
             if view.opted_in:
                 world.mark(view.key, clock.monotonic())
 

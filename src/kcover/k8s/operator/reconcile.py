@@ -52,6 +52,7 @@ from kcover.k8s.progress import closed_run
 
 log = logging.getLogger("kcover.operator")
 SETTLE_SECONDS = 0.3
+FORGET_SECONDS = 600.0  # a deleted job's memories (warnings given, restarts prepared) are kept this long
 CAUSE_GRACE_SECONDS = 3.0  # how long cascade-only evidence waits for the agents' report of a cause
 
 JobKey = tuple[str, str, str]
@@ -127,8 +128,9 @@ class World:
     jobs: dict[JobKey, JobView] = field(default_factory=dict)
     dirty: dict[JobKey, float] = field(default_factory=dict)
     warned: set[tuple[JobKey, str]] = field(default_factory=set)
-    prepared: set[tuple[JobKey, int, str]] = field(default_factory=set)
+    prepared: dict[JobKey, tuple[int, str]] = field(default_factory=dict)  # the newest restart made ready
     failing_since: dict[JobKey, float] = field(default_factory=dict)
+    gone: dict[JobKey, float] = field(default_factory=dict)  # deleted jobs, since when
     recreating: bool = True  # a Job may wait to be created again (set at start: a crash may have left one)
 
     def pods_of(self, job: JobView) -> list[PodView]:
@@ -137,6 +139,27 @@ class World:
 
     def mark(self, key: JobKey, now: float) -> None:
         self.dirty.setdefault(key, now)
+
+    def job_seen(self, job: JobView) -> None:
+        self.jobs[job.key] = job
+        self.gone.pop(job.key, None)
+
+    def job_deleted(self, key: JobKey, now: float) -> None:
+        self.jobs.pop(key, None)
+        self.gone.setdefault(key, now)
+
+    def forget_gone(self, now: float, after: float) -> None:
+        """Drop what is remembered of jobs deleted ``after`` seconds ago and not created again since.
+
+        Not at once: a Job replaced by a restart is deleted and created again under its name, and its
+        restart must not be prepared twice (a second event, a second copy of the evidence).
+        """
+        for key in [k for k, since in list(self.gone.items()) if now - since >= after]:
+            self.gone.pop(key, None)
+            self.prepared.pop(key, None)
+            self.failing_since.pop(key, None)
+            self.dirty.pop(key, None)
+            self.warned = {(k, what) for k, what in self.warned if k != key}
 
 
 def no_failpoint(_name: str) -> None:
@@ -160,6 +183,7 @@ class Reconciler:
     def evaluate_due(self) -> None:
         """Evaluate every job marked dirty at least :data:`SETTLE_SECONDS` ago (a cascade is judged once)."""
         now = self.clock.monotonic()
+        self.world.forget_gone(now, FORGET_SECONDS)
         marked = list(self.world.dirty.items())  # one C-level copy: kopf's handlers add marks meanwhile
         self.straggling.drop_gone([key for key, job in list(self.world.jobs.items()) if job.opted_in])
         for key in [k for k, since in marked if now - since >= SETTLE_SECONDS]:
@@ -318,8 +342,8 @@ class Reconciler:
     def _prepare(self, job: JobView, record: RecoveryRecord, policy: JobPolicy) -> None:
         """Steps 2–3, once per claimed restart in this process (a new leader replays them; both are idempotent).
         A claim is known by its time too: a job submitted again under the same name counts its attempts anew."""
-        attempt = (job.key, record.attempt, str(record.restarted_at))
-        if attempt in self.world.prepared:
+        attempt = (record.attempt, str(record.restarted_at))
+        if self.world.prepared.get(job.key) == attempt:
             return
         decision = record.last.decision if record.last else ""
         how = f" ({record.why})" if record.why else ""
@@ -330,7 +354,7 @@ class Reconciler:
             for node in record.quarantine:
                 self._quarantine(job, node, rule, policy)
             metrics.QUARANTINED.set(self.actions.quarantined_count())
-        self.world.prepared.add(attempt)
+        self.world.prepared[job.key] = attempt
 
     def _quarantine(self, job: JobView, node: str, rule: str, policy: JobPolicy) -> None:
         result = self.actions.quarantine_node(node, rule, policy.quarantine_max_share)
