@@ -21,6 +21,7 @@ from kcover.checkpoint.buddies import Peer, buddies_of
 from kcover.checkpoint.errors import CheckpointWriteError, CorruptCheckpointError
 from kcover.checkpoint.image import COMMITTED, HEADER_SIZE, WRITING, Header, pack_header
 from kcover.checkpoint.replica_store import STALE_PARTIAL_SECONDS, ReplicaStore
+from kcover.checkpoint.replication import Replication
 
 SECRET = b"s" * replica_link.SECRET_SIZE
 PREFIX = "kcover-0123456789abcdef-rank"
@@ -237,6 +238,47 @@ def test_pacing_and_stopping_mid_transfer(server: replica_link.ReplicaServer) ->
     assert time.monotonic() - began < 2
     wait_for(lambda: not any(n.endswith(".next") for n in names(server)))
     assert [h.step for h in server.store.held()] == [1]
+
+
+def niceness_of_threads() -> list[int]:
+    """The nice value of each of this process's threads (Linux keeps one per thread)."""
+    values = []
+    for stat in Path("/proc/self/task").glob("*/stat"):
+        try:
+            values.append(int(stat.read_text().rsplit(")", 1)[1].split()[16]))
+        except (OSError, IndexError):
+            continue  # a thread that ended meanwhile
+    return values
+
+
+def test_replication_runs_at_the_lowest_priority_and_the_training_thread_keeps_its_own(
+        server: replica_link.ReplicaServer, shm_dir: Path) -> None:
+    """Both ends of a push (the sender's thread and the keeper's receiving one, with their checksum threads)
+    yield to the training; the thread that asked for the push and a restore's fetch are not lowered."""
+    sender_store = ReplicaStore(shm_dir / "sender", PREFIX)
+    (shm_dir / "sender").mkdir()
+    table = [Peer(3, "node-a", "127.0.0.1", 1), Peer(0, "node-b", "127.0.0.1", server.port)]
+    replication = Replication(sender_store, replica_link.ReplicaServer(sender_store), table, 3, 1,
+                              bandwidth=replica_link.CHUNK)
+    replication.server.secret = SECRET
+    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    if max(niceness_of_threads()) >= replica_link.YIELDING_NICENESS:
+        pytest.skip("this process already runs at the lowest priority: nothing to tell apart")
+    stop = threading.Event()
+    data = memoryview(b"r" * (3 * replica_link.CHUNK))
+    pushing = threading.Thread(target=replication.push_all, args=(5, data, stop))
+    pushing.start()  # paced to a chunk a second: three seconds, cut short below
+    try:
+        wait_for(lambda: niceness_of_threads().count(replica_link.YIELDING_NICENESS) == 4)
+        assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine
+    finally:
+        stop.set()
+        pushing.join(5)
+        replication.close()
+    wait_for(lambda: replica_link.YIELDING_NICENESS not in niceness_of_threads())
+    assert push(server, 6, b"x" * 1000)
+    fetched = replica_link.fetch("127.0.0.1", server.port, SECRET, 3, 6)
+    assert fetched is not None and max(niceness_of_threads()) < replica_link.YIELDING_NICENESS
 
 
 @pytest.fixture

@@ -24,7 +24,9 @@ nothing for ``STALL_SECONDS`` (a lost node often sends no reset); :func:`fetch`
 verifies the checksum before it returns.  The server listens on the address
 peers reach it at only, takes at most ``MAX_CONNECTIONS`` at once, drops a
 connection whose handshake takes over ``HANDSHAKE_SECONDS``, and keeps serving
-through a shortage of file descriptors.  Called by :mod:`~kcover.checkpoint.replication`.
+through a shortage of file descriptors.  Both ends of a push run at the lowest CPU
+priority (:func:`yield_to_training`); a fetch, which a restore waits for, does not.
+Called by :mod:`~kcover.checkpoint.replication`.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ STALL_SECONDS = 10.0  # a peer that moves no byte for this long is given up
 HANDSHAKE_SECONDS = 5.0
 IDLE_SECONDS = 60.0  # a connection that sends nothing for this long is dropped
 MAX_CONNECTIONS = 64
+YIELDING_NICENESS = 19  # pushes and receipts run at the lowest priority (see yield_to_training)
 _OPEN = struct.Struct("<8s32sc")
 _PUSH = struct.Struct("<iqQ")
 _FETCH = struct.Struct("<iq")
@@ -192,6 +195,7 @@ class ReplicaServer:
                     return
                 conn.settimeout(IDLE_SECONDS)
                 if op == b"P":
+                    yield_to_training()  # this thread ends with the push
                     self._take_push(conn)
                 elif op == b"F":
                     self._give(conn)
@@ -268,6 +272,17 @@ class ReplicaServer:
         for _, thread in active:
             thread.join(max(0.0, deadline - time.monotonic()))
         self._thread.join(max(0.0, deadline - time.monotonic()))
+
+
+def yield_to_training() -> None:
+    """Lower the calling thread's CPU priority to the least (and the threads it starts, which inherit it).
+
+    Replicas are background work: on a node whose CPUs the training keeps busy (data loading, a CPU
+    job) a push or a receipt should take what the training leaves, not slow its steps.  Linux gives each
+    thread its own nice value, so the training thread keeps its own.  No privilege is needed to lower one.
+    """
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), YIELDING_NICENESS)
 
 
 def receive_into(conn: socket.socket, view: memoryview) -> int:

@@ -9,9 +9,10 @@ shared-memory folder); then replication is on for every rank or for none, so
 the ranks' later collectives stay paired.  :meth:`Replication.inventory` is
 collective too, called by ``load_latest`` so that each rank learns which
 keepers hold which of its steps.  :meth:`Replication.push_all` runs on the
-Checkpointer's background thread after each snapshot: one buddy after another,
-paced, abandoned within half a second when the process is being stopped, and a
-buddy that takes nothing for ten seconds is given up with a warning.
+Checkpointer's background thread after each snapshot, at the lowest CPU priority
+(:func:`~kcover.checkpoint.replica_link.yield_to_training`): one buddy after
+another, paced, abandoned within half a second when the process is being
+stopped, and a buddy that takes nothing for ten seconds is given up with a warning.
 """
 
 from __future__ import annotations
@@ -76,6 +77,7 @@ class Replication:
 
     def push_all(self, step: int, data: memoryview, stop: threading.Event) -> None:
         """Send this rank's snapshot of ``step`` to every buddy (on a background thread)."""
+        replica_link.yield_to_training()  # this thread ends with the pushes
         began = time.perf_counter()
         done = 0
         for buddy in self.buddies:
