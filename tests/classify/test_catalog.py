@@ -6,11 +6,12 @@ Python cannot slip through.  Bad catalogs are refused with file, rule and field 
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
-from kcover.classify.engine import hyperscan_available
+from kcover.classify.engine import hyperscan_available, pattern_entries
 from kcover.classify.matcher import Matcher
 from kcover.classify.rules import (
     CatalogError,
@@ -95,9 +96,12 @@ def test_user_catalog_extends_the_shipped_one(tmp_path: Path) -> None:
         (("severity: fatal", "severity: terrible"), "severity"),
         (("retriable: true", "retriable: maybe"), "retriable"),
         (("    title: mine\n", "    title: mine\n    colour: red\n"), "colour"),
+        (("    title: mine\n", "    title: mine\n    prefilter: ['(?:\\d+)+x']\n"), "prefilter"),
+        (("    title: mine\n", "    title: mine\n    prefilter: ['FAULT (']\n"), "prefilter"),
+        (("    patterns: ['MY FAULT \\d+']\n", "    prefilter: ['FAULT']\n    reasons: [Melted]\n"), "prefilter"),
     ],
     ids=["unknown-category", "bad-regex", "missing-field", "empty-match", "bad-severity",
-         "bad-bool", "unknown-field"],
+         "bad-bool", "unknown-field", "backtracking-prefilter", "bad-prefilter", "prefilter-without-patterns"],
 )
 def test_invalid_rule_is_refused_naming_file_rule_and_field(change: tuple[str, str], field: str) -> None:
     text = GOOD.replace(*change)
@@ -108,6 +112,31 @@ def test_invalid_rule_is_refused_naming_file_rule_and_field(change: tuple[str, s
     assert "user.yaml" in message
     assert "'my.rule'" in message
     assert f"'{field}'" in message
+
+
+def test_a_prefilter_changes_no_verdict_on_any_corpus() -> None:
+    """A rule's prefilter is what the engine scans for instead of its patterns: it must let through every
+    line the patterns match.  Every excerpt of both corpora gets the same verdict with and without them."""
+    from bench.corpus_accuracy import CORPUS, FIELD, load_excerpts
+
+    with_prefilters = [rule for rule in RULES if rule.spec.prefilter]
+    assert with_prefilters, "no shipped rule has a prefilter: this test checks nothing"
+    stripped = [dataclasses.replace(rule, spec=rule.spec.model_copy(update={"prefilter": []})) for rule in RULES]
+    engine = "hyperscan" if hyperscan_available() else "re"
+    fast, plain = Matcher(RULES, engine=engine), Matcher(stripped, engine=engine)
+    excerpts = load_excerpts(CORPUS) + load_excerpts(FIELD)
+    assert len(excerpts) > 800
+    for excerpt in excerpts:
+        got, want = explain(excerpt.text, matcher=fast), explain(excerpt.text, matcher=plain)
+        assert (got.rule, got.category, got.node_at_fault) == (want.rule, want.category, want.node_at_fault), excerpt.id
+
+
+def test_a_prefilter_is_scanned_for_instead_of_the_patterns() -> None:
+    loose = parse_catalog(GOOD.replace("    title: mine\n", "    title: mine\n    prefilter: ['FAULT']\n"), "u.yaml")
+    assert [entry.pattern for entry in pattern_entries(loose)] == ["FAULT"]
+    assert [entry.pattern for entry in pattern_entries(parse_catalog(GOOD, "u.yaml"))] == ["MY FAULT \\d+"]
+    assert explain("MY FAULT 3\n", matcher=Matcher(loose)).rule == "my.rule"
+    assert explain("FAULT 3\n", matcher=Matcher(loose)).rule is None, "the patterns still decide"
 
 
 def test_duplicate_id_is_refused(tmp_path: Path) -> None:

@@ -63,11 +63,12 @@ class PatternEntry:
 
 
 def pattern_entries(rules: Sequence[Rule]) -> list[PatternEntry]:
-    """Every line pattern of ``rules``, tagged with its rule's index."""
+    """What the engine searches for each of ``rules``, tagged with its rule's index: the rule's
+    ``prefilter`` when it has one (a looser pattern, cheaper to scan for), else its patterns."""
     return [
         PatternEntry(pattern, index, rule.spec.ignore_case)
         for index, rule in enumerate(rules)
-        for pattern in rule.spec.patterns
+        for pattern in rule.spec.prefilter or rule.spec.patterns
     ]
 
 

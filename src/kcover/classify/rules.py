@@ -3,7 +3,8 @@
 The catalog is YAML shipped with the package (``kcover/classify/catalog/*.yaml``)
 plus any files the user adds.  Each file holds ``rules:`` (a list) and optional
 ``defaults:`` merged under every rule of that file.  A rule names its patterns
-(Python regular expressions, also compiled by Hyperscan in prefilter mode), what
+(Python regular expressions, also compiled by Hyperscan in prefilter mode; a
+rule may give the engine a looser ``prefilter`` to scan for instead), what
 the fault means (category, severity, retriable, node at fault, root or cascade
 role), a remediation text, and example and counter-example lines that the test
 suite checks.
@@ -71,6 +72,7 @@ class RuleSpec(BaseModel):
     patterns: list[str] = Field(default_factory=list)
     ignore_case: bool = False
     unless: list[str] = Field(default_factory=list)
+    prefilter: list[str] = Field(default_factory=list)
     priority: int = Field(default=50, ge=0, le=100)
     action: Action | None = None
     exit_codes: list[int] = Field(default_factory=list)
@@ -78,7 +80,7 @@ class RuleSpec(BaseModel):
     examples: list[str] = Field(default_factory=list)
     counter_examples: list[str] = Field(default_factory=list)
 
-    @field_validator("patterns", "unless")
+    @field_validator("patterns", "unless", "prefilter")
     @classmethod
     def _regexes_compile(cls, value: list[str], info: ValidationInfo) -> list[str]:
         if info.context is _CHECKED:
@@ -212,7 +214,7 @@ def _check_regexes(spec: RuleSpec, source: str) -> None:
     """Refuse a pattern that could take super-linear time or match the empty string."""
     from kcover.classify.lint import regex_problem  # only when a catalog is checked, not read from the cache
 
-    for field in ("patterns", "unless"):
+    for field in ("patterns", "unless", "prefilter"):
         for pattern in getattr(spec, field):
             problem = regex_problem(pattern, spec.ignore_case)
             if problem is not None:
@@ -319,6 +321,9 @@ def _checked_specs(text: str, source: str) -> list[RuleSpec]:
                 f"{source}: rule {rule_id}: field 'patterns': "
                 "a rule needs patterns, exit_codes or reasons"
             )
+        if spec.prefilter and not spec.patterns:
+            raise CatalogError(f"{source}: rule {rule_id}: field 'prefilter': a prefilter stands in for the "
+                               "rule's patterns in the scanning engine; this rule has no patterns")
         _check_regexes(spec, source)
         rules.append(spec)
     return rules
