@@ -16,9 +16,9 @@ folder is emptied.  Measured:
   Both "nodes" share this machine's cores, and each rank sends its replica and receives its buddy's, as on a
   cluster; the replication threads run at the lowest CPU priority, so the cost that lands on a step is what
   the training leaves no idle CPU for (every CPU is busy here: one rank a core);
-- **steps lost after a node loss**: from the same training runs, for each step, how far the newest step whose
-  replicas are complete lags behind (what a node lost at that moment costs), vs a persist every N steps
-  (which loses (N-1)/2 steps on average, plus the persist's own time).
+- **steps lost after a node loss**: from one more training run, with replication throughout: for each step,
+  how far the newest step whose replicas are complete lags behind (what a node lost at that moment costs),
+  vs a persist every N steps (which loses (N-1)/2 steps on average, plus the persist's own time).
 
 Run: ``python -m bench.peer_restore --size-mb 1024 --dir /path/on/disk``.
 """

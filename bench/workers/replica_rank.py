@@ -81,7 +81,7 @@ elif phase == "restore":
         dist.barrier()
 elif phase == "train":
     steps, every, replicas, width = (int(value) for value in args[:4])
-    model, step_once = training(width)
+    state_now, step_once = training(width)
     times, replicated = [], []
     with Checkpointer(root / f"train-{replicas}", rank=rank, world_size=world, shared_memory=shm,
                       emergency_save=False, replicas=replicas) as checkpointer:
@@ -89,7 +89,7 @@ elif phase == "train":
             began = time.perf_counter()
             step_once()
             if step % every == 0:
-                checkpointer.save(step, model(), persist=False)
+                checkpointer.save(step, state_now(), persist=False)
             times.append(time.perf_counter() - began)
             done = checkpointer._replication.replicated_step if checkpointer._replication else None
             replicated.append(done if done is not None else 0)
@@ -98,7 +98,7 @@ elif phase == "train":
         report = {"step_seconds": times, "replicated": replicated}
 else:
     steps, every, width = (int(value) for value in args[:3])
-    model, step_once = training(width)
+    state_now, step_once = training(width)
     times, modes = [], []
     with Checkpointer(root / "alternate-0", rank=rank, world_size=world, shared_memory=shm,
                       emergency_save=False, replicas=0) as without, \
@@ -111,7 +111,7 @@ else:
             began = time.perf_counter()
             step_once()
             if place % every == every // 2:
-                checkpointer.save(step, model(), persist=False)
+                checkpointer.save(step, state_now(), persist=False)
             if place == 2 * every - 1:
                 checkpointer.wait()
             times.append(time.perf_counter() - began)
