@@ -111,3 +111,68 @@ def test_two_writers_in_one_process_are_refused(tmp_path: Path) -> None:
         first.wait()
     with Checkpointer(tmp_path, shared_memory=None, emergency_save=False) as after_close:
         assert after_close.save(3, {"x": torch.ones(1)})  # close() let the lock go
+
+
+HOLD_AS_ANOTHER_POD = """
+import socket, sys, time
+from pathlib import Path
+socket.sethostname("trainer-worker-3")
+from kcover.checkpoint import Checkpointer
+with Checkpointer(Path(sys.argv[1]), shared_memory=None, emergency_save=False) as held:
+    held.save(1, {"x": __import__("torch").ones(1)})
+    print("held", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_a_writer_in_another_pod_is_named_by_its_pid_and_host(tmp_path: Path) -> None:
+    """On a shared volume the holder is another pod's process, pid 1 in its own namespaces: the refusal
+    names it with its host (a pid alone named nothing, and one equal to ours read "this process")."""
+    import os
+    import shutil
+
+    if os.geteuid() != 0 or shutil.which("unshare") is None or subprocess.run(
+            ["unshare", "--uts", "--pid", "--fork", "true"], capture_output=True, check=False).returncode != 0:
+        pytest.skip("needs root and unshare (uts and pid namespaces)")
+    pod = subprocess.Popen(["unshare", "--uts", "--pid", "--fork", "--kill-child", sys.executable, "-c",
+                            HOLD_AS_ANOTHER_POD, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert pod.stdout is not None and pod.stdout.readline().strip() == "held"
+        with Checkpointer(tmp_path, shared_memory=None, emergency_save=False) as mine, \
+                pytest.raises(CheckpointInUseError, match=r"^the process pid 1 on trainer-worker-3 is already writing"):
+            mine.save(2, {"x": torch.ones(1)})
+    finally:
+        pod.kill()  # and with it its child, pid 1 of the namespace (--kill-child)
+        pod.wait(10)
+        assert pod.stdout is not None
+        pod.stdout.close()
+
+
+def test_a_holder_with_our_pid_elsewhere_is_not_taken_for_this_process(tmp_path: Path) -> None:
+    """Two containers, each with its trainer as the same pid: only pid, host and pid namespace together
+    say "this process"."""
+    import fcntl
+    import os
+    import socket
+
+    from kcover.lockfile import Holder, read_holder, write_holder
+
+    path = tmp_path / ".rank-00000.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # a second open file description: held as by another process
+        write_holder(fd)
+        ours = read_holder(fd)
+        assert ours is not None and ours.pid == os.getpid() and ours.host == socket.gethostname()
+        assert ours.is_this_process
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} trainer-worker-3 pid:[4026531836]\n".encode(), 0)
+        with Checkpointer(tmp_path, shared_memory=None, emergency_save=False) as mine, \
+                pytest.raises(CheckpointInUseError, match=rf"^the process pid {os.getpid()} on trainer-worker-3 is"):
+            mine.save(1, {"x": torch.ones(1)})
+        assert not Holder(os.getpid(), "trainer-worker-3", ours.namespace).is_this_process
+        assert not Holder(os.getpid(), socket.gethostname(), "pid:[1]").is_this_process
+        assert Holder(os.getpid()).is_this_process, "a file from an older kcover: the pid alone"
+    finally:
+        os.close(fd)
+

@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -76,7 +77,7 @@ def test_second_run_on_a_busy_state_dir_is_refused_and_starts_nothing(
     folders = sorted(state.glob("runs/*"))
     code, document, stderr = run(state, "ok.py")
     assert code == 2
-    assert f"state dir {state} is in use by another kcover run (pid {holder.pid})" in stderr
+    assert f"state dir {state} is in use by another kcover run (pid {holder.pid} on {socket.gethostname()})" in stderr
     assert "Traceback" not in stderr
     assert "attempts" not in document  # a usage error: no attempt, at most an error document
     assert sorted(state.glob("runs/*")) == folders
@@ -90,7 +91,8 @@ def test_demo_never_wipes_a_state_dir_a_run_holds(tmp_path: Path, holder: subpro
     done = subprocess.run([sys.executable, "-m", "kcover", "demo", "--state-dir", str(state)],
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 2
-    assert f"state dir {state} is in use by another kcover run (pid {holder.pid})" in done.stderr
+    busy = f"state dir {state} is in use by another kcover run (pid {holder.pid} on {socket.gethostname()})"
+    assert busy in done.stderr
     assert sorted(state.glob("runs/*/attempt-1/rank0.log")) == logs  # before: the demo deleted them
     assert (state / "kcover.db").is_file()
     assert holder.poll() is None

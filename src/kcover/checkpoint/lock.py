@@ -7,7 +7,7 @@ buffers.  The writer holds an exclusive ``flock`` on
 ``<dir>/.rank-<R>.lock``, taken by its first ``save`` or ``reserve``; a second
 writer — another process, or another Checkpointer in this process (each opens
 its own file description) — gets :class:`CheckpointInUseError` naming the
-holder's pid.  The kernel drops the lock when the holder exits, SIGKILL
+holder (pid and host: :mod:`kcover.lockfile`).  The kernel drops the lock when the holder exits, SIGKILL
 included, so a dead writer never blocks the next one; the descriptor is
 close-on-exec and closed in forked children (DataLoader workers), so no child
 keeps a dead writer's lock alive.
@@ -31,7 +31,7 @@ from pathlib import Path
 
 from kcover.checkpoint.errors import CheckpointInUseError
 from kcover.checkpoint.files import open_regular
-from kcover.lockfile import read_holder, write_holder
+from kcover.lockfile import Holder, read_holder, write_holder
 
 log = logging.getLogger("kcover.checkpoint")
 ACQUIRE_SECONDS = 3.0
@@ -121,10 +121,10 @@ class WriterLock:
             log.warning("kcover checkpoint: cannot lock %s: %s; a second writer of rank %d would not be noticed",
                         self.path, exc.strerror or exc, self.rank)
 
-    def _in_use(self, holder: int | None) -> CheckpointInUseError:
-        who = "another process" if holder is None else f"process pid {holder}"
-        if holder == os.getpid():
-            who = f"another Checkpointer in this process (pid {holder})"
+    def _in_use(self, holder: Holder | None) -> CheckpointInUseError:
+        who = "another process" if holder is None else f"the process {holder}"
+        if holder is not None and holder.is_this_process:
+            who = f"another Checkpointer in this process ({holder})"
         return CheckpointInUseError(
             f"{who} is already writing rank {self.rank}'s checkpoints to {self.directory} (it holds {self.path}); "
             "two writers would destroy each other's files: stop it, or give this one another dir or rank"

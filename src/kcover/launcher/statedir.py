@@ -105,7 +105,7 @@ def _lock(lock_fd: int, state_dir: Path) -> None:
         fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         raise StateDirBusyError(
-            f"state dir {state_dir} is in use by another kcover run (pid {read_holder(lock_fd) or 'unknown'}); "
+            f"state dir {state_dir} is in use by another kcover run ({read_holder(lock_fd) or 'pid unknown'}); "
             "wait for it to end or give this run another --state-dir"
         ) from None
     except OSError as exc:
