@@ -62,5 +62,6 @@ def read_holder(fd: int) -> Holder | None:
         return None
     if not fields or not fields[0].isdigit():
         return None
-    host = fields[1] if len(fields) > 1 else None
-    return Holder(int(fields[0]), host, fields[2] if len(fields) > 2 else None)
+    shown = [field if field.isprintable() else None for field in fields[1:3]]  # no escape codes in a message
+    host, namespace = [*shown, None, None][:2]
+    return Holder(int(fields[0]), host, namespace)

@@ -173,6 +173,9 @@ def test_a_holder_with_our_pid_elsewhere_is_not_taken_for_this_process(tmp_path:
         assert not Holder(os.getpid(), "trainer-worker-3", ours.namespace).is_this_process
         assert not Holder(os.getpid(), socket.gethostname(), "pid:[1]").is_this_process
         assert Holder(os.getpid()).is_this_process, "a file from an older kcover: the pid alone"
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, b"7 \x1b[2Jhost\x07 ns\n", 0)
+        assert read_holder(fd) == Holder(7, None, "ns"), "a planted escape code is never printed"
     finally:
         os.close(fd)
 
