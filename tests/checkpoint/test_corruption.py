@@ -81,8 +81,12 @@ def test_everything_damaged_means_no_checkpoint_not_a_wrong_one(tmp_path: Path) 
         assert checkpointer.load_latest() is None
 
 
-def test_a_torn_memory_snapshot_is_ignored_and_disk_serves(tmp_path: Path, shm_dir: Path) -> None:
-    with Checkpointer(tmp_path, shared_memory=shm_dir, emergency_save=False) as checkpointer:
+@pytest.mark.parametrize("memory_snapshots", [1, 2])
+def test_a_torn_memory_snapshot_is_ignored_and_the_previous_one_or_the_disk_serves(
+    tmp_path: Path, shm_dir: Path, memory_snapshots: int
+) -> None:
+    with Checkpointer(tmp_path, shared_memory=shm_dir, emergency_save=False,
+                      memory_snapshots=memory_snapshots) as checkpointer:
         checkpointer.save(1, make_state(1))
         checkpointer.wait()
         checkpointer.save(2, make_state(2), persist=False)
@@ -90,7 +94,15 @@ def test_a_torn_memory_snapshot_is_ignored_and_disk_serves(tmp_path: Path, shm_d
     data = bytearray(snapshot.read_bytes())
     data[12] = 1  # the state field back to WRITING: a writer died mid-copy
     snapshot.write_bytes(bytes(data))
-    with Checkpointer(tmp_path, shared_memory=shm_dir, emergency_save=False) as restarted:
+    with Checkpointer(tmp_path, shared_memory=shm_dir, emergency_save=False,
+                      memory_snapshots=memory_snapshots) as restarted:
         assert restarted.latest_step() == 1
         restored = restarted.load_latest()
-    assert restored is not None and (restored.step, restored.source) == (1, "disk")
+        assert restored is not None
+        if memory_snapshots == 2:  # the previous snapshot, in the .next file, is still whole
+            assert (restored.step, restored.source) == (1, "memory") and restored.where.endswith(".img.next")
+            for step in (3, 4):  # the restored tensors map that file: later snapshots must go elsewhere
+                restarted.save(step, make_state(step), persist=False)
+        else:
+            assert (restored.step, restored.source) == (1, "disk")
+    assert_state(restored.state, make_state(1))

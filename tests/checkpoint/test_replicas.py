@@ -85,7 +85,8 @@ def test_a_keeper_killed_mid_replica_leaves_the_older_replica_never_a_torn_one(r
     """Rank 0's step 3 is on its way to rank 2 (paced) when rank 2 is SIGKILLed; then node-0 is lost too.
 
     Step 2 is on disk.  Rank 0's step 3 never arrived whole, so its newest is the older replica, step 2; node-1's
-    ranks have step 3 in memory, but their replicas died with node-0: they read step 2 from the disk.
+    ranks have step 3 in memory, but their replicas died with node-0: they restore step 2 from their own memory
+    (the snapshot before the newest is kept there too).
     """
     job = Job(root, "slow", "1024", "2000000", steps=3, persist="2")  # an 8.4 MB snapshot at 2 MB/s: ~4 s in transfer
     for rank in job.ranks:
@@ -104,7 +105,7 @@ def test_a_keeper_killed_mid_replica_leaves_the_older_replica_never_a_torn_one(r
     # step 1), so the newest whole replica, step 2, stays
     assert replicas[1:] == ["s2"] and replicas[0].startswith("p")
     lose_node(root, 0)
-    assert Job(root, "restore", "1024").outputs() == ["restored 2 peer"] * 2 + ["restored 2 disk"] * 2
+    assert Job(root, "restore", "1024").outputs() == ["restored 2 peer"] * 2 + ["restored 2 memory"] * 2
 
 
 def test_one_rank_without_shared_memory_turns_replication_off_for_all_without_a_deadlock(root: Path) -> None:

@@ -5,16 +5,18 @@ into the host snapshot buffer (:mod:`~kcover.checkpoint.snapshot`, a
 ``/dev/shm`` file, so the snapshot survives the worker); a background thread
 then writes the same bytes to the checkpoint dir (:mod:`~kcover.checkpoint.disk`),
 commits them with an atomic manifest rename, reports ``kcover.checkpointed(step)``
-to ``kcover run`` and prunes old checkpoints.  There is one snapshot buffer,
-so peak extra host memory is one state size: a ``save`` while the previous
-snapshot is still being persisted either waits for it (``if_busy="wait"``,
-the default) or returns False without saving (``if_busy="skip"``).  With
+to ``kcover run`` and prunes old checkpoints.  Shared memory keeps two
+snapshots, the newest and the one before (``memory_snapshots=2``, extra host
+memory two state sizes; ``1`` halves that and writes in place, so a worker
+killed during a save leaves none): a ``save`` while the previous snapshot is
+still being persisted either waits for it (``if_busy="wait"``, the default) or
+returns False without saving (``if_busy="skip"``).  With
 ``save(..., overlap=optimizer)`` the large tensors are copied on a background
 thread during the next forward and backward, and the optimizer's step waits
 for that copy.
 
 ``load_latest()`` restores the newest complete checkpoint this rank can load —
-from shared memory when its snapshot is at least as new as the newest on disk
+from shared memory when a snapshot there is at least as new as the newest on disk
 (a worker restarted on the same machine), else from disk, verifying every
 block's checksum and falling back to older checkpoints with a warning.  Under
 ``torch.distributed`` the ranks agree on one step (:mod:`~kcover.checkpoint.agree`).
@@ -77,7 +79,14 @@ from kcover.checkpoint.restore import (
     peer_image,
     usable_manifest,
 )
-from kcover.checkpoint.snapshot import Region, SnapshotBuffer, begin_snapshot, commit_snapshot, copy_tensors
+from kcover.checkpoint.snapshot import (
+    Region,
+    SnapshotBuffer,
+    begin_snapshot,
+    commit_snapshot,
+    copy_tensors,
+    withdraw,
+)
 
 log = logging.getLogger("kcover.checkpoint")
 IfBusy = Literal["wait", "skip"]
@@ -110,6 +119,7 @@ class Checkpointer:
         block_size: int = 64 << 20,
         replicas: int = 0,
         replica_bandwidth: float | None = None,
+        memory_snapshots: int = 2,
     ) -> None:
         if directory is None:
             directory = os.environ.get("KCOVER_CHECKPOINT_DIR") or None
@@ -117,6 +127,8 @@ class Checkpointer:
                 raise CheckpointError("no checkpoint dir given and KCOVER_CHECKPOINT_DIR is not set")
         if keep_last < 1 or (keep_every is not None and keep_every < 1) or if_busy not in ("wait", "skip"):
             raise ValueError("keep_last and keep_every must be ≥ 1, if_busy 'wait' or 'skip'")
+        if type(memory_snapshots) is not int or memory_snapshots not in (1, 2):
+            raise ValueError(f"memory_snapshots must be 1 or 2, not {memory_snapshots!r}")
         if block_size < MIN_BLOCK_SIZE:
             raise ValueError(f"block_size must be ≥ {MIN_BLOCK_SIZE} bytes, not {block_size}")
         check_replica_options(replicas, replica_bandwidth)
@@ -138,7 +150,7 @@ class Checkpointer:
         elif folder is not None:
             log.warning("kcover checkpoint: shared-memory folder %s does not exist; snapshots go to private "
                         "memory (no instant restore after a restart)", folder)
-        self._buffer = SnapshotBuffer(shm)
+        self._buffer = SnapshotBuffer(shm, keep_previous=memory_snapshots == 2)
         self._replication = start_replication(shm, replicas, replica_bandwidth, self.rank, self.world_size)
         self._replica_thread: threading.Thread | None = None
         self._stop_replication = threading.Event()
@@ -404,7 +416,8 @@ class Checkpointer:
 
     def _unpersisted_in_memory(self) -> tuple[int, int] | None:
         """The snapshot in shared memory if it is newer than the disk, as (step, size); caller holds the lock."""
-        image = memory_image(self._buffer, self.rank, self.world_size, self._token)
+        current = self._buffer.current
+        image = memory_image(current, self.rank, self.world_size, self._token) if current is not None else None
         on_disk = max(disk.committed_steps(self.directory, self.rank), default=NONE)
         if image is None or image.header.step <= on_disk:
             return None
@@ -417,10 +430,15 @@ class Checkpointer:
 
     # loading --------------------------------------------------------------------------------------------------
 
-    def _memory_step(self) -> int | None:
+    def _memory_steps(self) -> dict[int, Region]:
+        """The steps of the committed snapshots in this rank's memory (the newest and the one before)."""
+        steps: dict[int, Region] = {}
         with self._locked():
-            image = memory_image(self._buffer, self.rank, self.world_size, self._token)
-        return image.header.step if image else None
+            for region in self._buffer.regions():
+                image = memory_image(region, self.rank, self.world_size, self._token)
+                if image is not None:
+                    steps.setdefault(image.header.step, region)
+        return steps
 
     def _disk_steps(self) -> dict[int, list[int]]:
         """Committed steps → the ranks whose files this rank may load, best first."""
@@ -431,8 +449,7 @@ class Checkpointer:
 
     def latest_step(self) -> int | None:
         """The newest step with a snapshot in memory or a readable manifest on disk (data not yet verified)."""
-        memory = self._memory_step()
-        steps = [NONE if memory is None else memory]
+        steps = [*self._memory_steps(), NONE]
         for step, ranks in self._disk_steps().items():
             with contextlib.suppress(CheckpointError):
                 usable_manifest(self.directory, step, ranks[0], self.world_size)
@@ -440,18 +457,22 @@ class Checkpointer:
         best = max(steps)
         return None if best == NONE else best
 
-    def _load_memory(self) -> tuple[torch.Tensor, Image] | None:
+    def _load_memory(self, step: int, region: Region) -> tuple[torch.Tensor, Image, str] | None:
         with self._locked():
-            image = memory_image(self._buffer, self.rank, self.world_size, self._token)
-            if image is None or self._buffer.path is None:
+            image = memory_image(region, self.rank, self.world_size, self._token)
+            if image is None or image.header.step != step or region.path is None:
                 return None
+            where = str(region.path)
             try:
-                private = map_private(self._buffer.path, image.header.total)
+                private = map_private(region.path, image.header.total)
             except OSError as exc:  # deleted or replaced since it was checked: the disk serves
-                log.warning("kcover checkpoint: cannot map the snapshot %s: %s", self._buffer.path, exc)
+                log.warning("kcover checkpoint: cannot map the snapshot %s: %s", where, exc)
                 return None
-            self._buffer.freeze(private)  # the next snapshot must not overwrite what the restored tensors see
-        return torch.frombuffer(private, dtype=torch.uint8), parse(memoryview(private), str(self._buffer.path))
+            self._buffer.freeze(region, private)  # no later snapshot may overwrite what the restored tensors see
+            restored = parse(memoryview(private), where)
+        if restored.header.step != step:  # the file changed between the check and the mapping
+            return None
+        return torch.frombuffer(private, dtype=torch.uint8), restored, where
 
     def _load_peer(self, step: int, keepers: list[int], device: torch.device | None) -> Restored | None:
         """This rank's replica of ``step`` from the first keeper that has it whole."""
@@ -471,13 +492,14 @@ class Checkpointer:
             return materialize(step, data, image, "peer", where, device, self.trusted)
         return None
 
-    def _load_step(self, step: int, memory_step: int | None, peer_steps: dict[int, list[int]],
+    def _load_step(self, step: int, memory_steps: dict[int, Region], peer_steps: dict[int, list[int]],
                    disk_steps: dict[int, list[int]], device: torch.device | None) -> Restored | None:
         """``step`` from the fastest place that has it whole: own memory, a buddy's memory, the disk."""
-        if step == memory_step:
-            loaded = self._load_memory()
+        if step in memory_steps:
+            loaded = self._load_memory(step, memory_steps[step])
             if loaded is not None:
-                return materialize(step, *loaded, "memory", str(self._buffer.path), device, self.trusted)
+                data, image, where = loaded
+                return materialize(step, data, image, "memory", where, device, self.trusted)
         if step in peer_steps:
             restored = self._load_peer(step, peer_steps[step], device)
             if restored is not None:
@@ -506,11 +528,10 @@ class Checkpointer:
         :class:`WorldSizeChangedError` when the only checkpoints are sharded ones of another world size.
         """
         self.wait()
-        memory_step = self._memory_step()
+        memory_steps = self._memory_steps()
         disk_steps = self._disk_steps()
         peer_steps = self._replication.inventory() if self._replication is not None else {}
-        steps = sorted(set(disk_steps) | set(peer_steps) | ({memory_step} if memory_step is not None else set()),
-                       reverse=True)
+        steps = sorted(set(disk_steps) | set(peer_steps) | set(memory_steps), reverse=True)
         self._world_changed = None
         loaded: Restored | None = None
         failed: set[int] = set()
@@ -522,7 +543,7 @@ class Checkpointer:
             if step in failed or step not in steps:
                 return False
             loaded = None  # at most one restored state held at a time
-            loaded = self._load_step(step, memory_step, peer_steps, disk_steps,
+            loaded = self._load_step(step, memory_steps, peer_steps, disk_steps,
                                      None if device is None else torch.device(device))
             if loaded is None:
                 failed.add(step)
@@ -543,9 +564,32 @@ class Checkpointer:
         load(step)
         assert loaded is not None
         self._forget_replicas(step)
+        self._forget_newer_snapshots(step)
         if loaded.source != "disk":
             log.info("kcover checkpoint: step %d restored from %s", step, loaded.where)
         return loaded
+
+    def _forget_newer_snapshots(self, restored: int) -> None:
+        """This rank's memory snapshots after the step the ranks agreed on belong to an abandoned timeline.
+
+        They are withdrawn, so that a later restart cannot take one for the redone step of the same number
+        (nor the emergency save persist it).  Only the writer, or a process that may become it, withdraws.
+        """
+        with self._locked():
+            newer = [region for region in self._buffer.regions()
+                     if (image := memory_image(region, self.rank, self.world_size, self._token)) is not None
+                     and image.header.step > restored]
+            if not newer:
+                return
+            taken = not self._writer.held and not self._writer.unlocked and self._writer.try_acquire()
+            if not (taken or self._writer.held or self._writer.unlocked):
+                return  # a live writer elsewhere: its snapshots are its own business
+            for region in newer:
+                withdraw(region)
+            if self._unpersisted is not None and self._unpersisted[0] > restored:
+                self._unpersisted = None
+            if taken:
+                self._writer.release()
 
     def _forget_replicas(self, restored: int | None) -> None:
         """Replicas kept here of steps after the one restored belong to a timeline the job has abandoned."""

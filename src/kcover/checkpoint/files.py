@@ -11,11 +11,12 @@ files are read only up to a bound.  Anything else raises
 warning exactly as they skip a missing file.  Used by
 :mod:`~kcover.checkpoint.disk`, :mod:`~kcover.checkpoint.snapshot`,
 :mod:`~kcover.checkpoint.restore`, :mod:`~kcover.checkpoint.lock` and the
-Checkpointer.
+Checkpointer.  :func:`exchange` swaps two names atomically.
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import stat
@@ -74,3 +75,25 @@ def regular_size(path: Path) -> int | None:
     except OSError:
         return None
     return status.st_size if stat.S_ISREG(status.st_mode) else None
+
+
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+_UNSUPPORTED = (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP)
+
+
+def exchange(first: Path, second: Path) -> bool:
+    """Swap the files at two names in one step (``renameat2(RENAME_EXCHANGE)``); False where not supported.
+
+    Neither name is ever missing in between, and a symlink is swapped as a name, never followed.  Raises
+    OSError when either name is missing (or for any other failure than lack of support).
+    """
+    function = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if function is None:  # a C library older than glibc 2.28
+        return False
+    if function(_AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in _UNSUPPORTED:  # a file system without it (the kernel checks flags before names)
+        return False
+    raise OSError(code, os.strerror(code), str(first), None, str(second))

@@ -1,6 +1,6 @@
 """Reading one candidate checkpoint back: from the shared-memory snapshot or from verified files.
 
-:func:`memory_image` accepts the snapshot in shared memory only if it is
+:func:`memory_image` accepts a snapshot in shared memory only if it is
 committed and was written by this rank, for this checkpoint dir (its token) and
 — for sharded state — this world size.  :func:`map_private` gives the restored
 tensors a private copy-on-write mapping of it: restoring costs no copy, and
@@ -27,7 +27,7 @@ from kcover.checkpoint.files import open_regular
 from kcover.checkpoint.flatten import unflatten
 from kcover.checkpoint.image import COMMITTED, Image, parse, tensor_views
 from kcover.checkpoint.manifest import Manifest
-from kcover.checkpoint.snapshot import SnapshotBuffer
+from kcover.checkpoint.snapshot import Region, header_of
 
 Source = Literal["memory", "peer", "disk"]
 
@@ -54,12 +54,13 @@ def peer_image(data: torch.Tensor, where: str, step: int, rank: int, world_size:
     return image
 
 
-def memory_image(buffer: SnapshotBuffer, rank: int, world_size: int, token: str) -> Image | None:
-    header = buffer.header()
+def memory_image(region: Region, rank: int, world_size: int, token: str) -> Image | None:
+    """The snapshot in one file of the buffer, if it is this rank's, committed, for this dir; else None."""
+    header = header_of(region)
     if header is None or header.state != COMMITTED or header.rank != rank:
         return None
     try:
-        image = parse(buffer.view()[: buffer.size], str(buffer.path))
+        image = parse(region.view()[: region.size], str(region.path))
     except CorruptCheckpointError:
         return None
     if image.token != token or (header.world_size != world_size and not image.replicated):

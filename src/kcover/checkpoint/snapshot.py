@@ -8,18 +8,24 @@ when shared memory is unavailable or full (no instant restore then).
 Space for a new file is reserved with ``posix_fallocate`` — writing into a
 tmpfs mapping that cannot get a page would kill the process with SIGBUS; a
 reservation fails cleanly with ENOSPC — and the file is written under a
-temporary name and renamed over the old one only once its snapshot is
+temporary name (``<name>.next``) and put in place only once its snapshot is
 committed, so at every instant the canonical name holds a complete snapshot or
-none.  Each commit stamps the file's modification time (the node agent deletes
+none.  The two names are swapped (``renameat2(RENAME_EXCHANGE)``), so the
+``.next`` file keeps the previous snapshot, and the next one is written there:
+a worker killed in the middle of a snapshot still leaves its last one whole,
+and ranks that die one step apart still share a step in memory (two files of a
+state's size; ``keep_previous=False`` writes in place into one, as private
+memory always does).  Each commit stamps the file's modification time (the node agent deletes
 snapshots no job saved for long); a file deleted under a live writer is not
 reused: the next snapshot goes to a new one (so is one whose rename into place
 failed).  Only the writer (the holder of :mod:`~kcover.checkpoint.lock`)
-removes a leftover ``.next`` file; a reader never touches the writer's files.
+removes a ``.next`` file a killed writer left half-written; a reader never
+touches the writer's files.
 Files are opened only as regular files, never through a symlink
-(:mod:`~kcover.checkpoint.files`).  A file is reused in place for the
-next snapshot (one buffer: peak extra memory is one state size) except while
-tensors restored from it — copy-on-write views of the file — are still alive:
-then the next snapshot goes to a new file (:meth:`SnapshotBuffer.freeze`).
+(:mod:`~kcover.checkpoint.files`).  A file is reused for a later
+snapshot except while tensors restored from it — copy-on-write views of the
+file — are still alive: then that snapshot goes to a new file
+(:meth:`SnapshotBuffer.freeze`).
 
 When CUDA is present the mapping is registered as pinned memory, so
 device→host copies run asynchronously at full bus speed and are awaited once.
@@ -43,7 +49,7 @@ from pathlib import Path
 import torch
 
 from kcover.checkpoint.errors import CheckpointWriteError
-from kcover.checkpoint.files import open_regular, regular_size
+from kcover.checkpoint.files import exchange, open_regular, regular_size
 from kcover.checkpoint.image import COMMITTED, HEADER_SIZE, WRITING, Header, Plan, pack_header, read_header
 
 log = logging.getLogger("kcover.checkpoint")
@@ -58,6 +64,7 @@ class Region:
         self.path, self.size, self._map = path, size, None
         self._pinned = False
         self.inode = 0
+        self.views: weakref.ref[mmap.mmap] | None = None  # restored tensors' mapping of this file, if alive
         if path is None:
             self.tensor = torch.empty(size, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
             return
@@ -94,17 +101,22 @@ class Region:
 
 
 class SnapshotBuffer:
-    """The committed snapshot (``current``) and, while one is being made, the buffer it goes into."""
+    """The committed snapshot (``current``) and the ``.next`` file: the previous snapshot, or the next one."""
 
-    def __init__(self, path: Path | None) -> None:
+    def __init__(self, path: Path | None, keep_previous: bool = True) -> None:
         self.path = path
-        self.current: Region | None = None
-        self._next: Region | None = None
-        self._views: weakref.ref[mmap.mmap] | None = None
+        self.keep_previous = keep_previous
+        self._wrote = False  # this process prepared a buffer (as the writer: a reader never does)
+        self.current = self._map_existing(path)
+        self.spare = self._map_existing(self._next_path) if keep_previous and path is not None else None
+
+    @staticmethod
+    def _map_existing(path: Path | None) -> Region | None:
         size = regular_size(path) if path is not None else None
         if path is not None and size is not None and size >= HEADER_SIZE:
             with contextlib.suppress(OSError, ValueError):
-                self.current = Region(size, path)
+                return Region(size, path)
+        return None
 
     @property
     def _next_path(self) -> Path:
@@ -115,54 +127,70 @@ class SnapshotBuffer:
     def shared(self) -> bool:
         return self.path is not None
 
-    @property
-    def size(self) -> int:
-        return self.current.size if self.current is not None else 0
-
     def view(self) -> memoryview:
         """The committed snapshot's bytes (empty when there is none)."""
         return self.current.view() if self.current is not None else memoryview(b"")
 
-    def header(self) -> Header | None:
-        return read_header(self.view()[:HEADER_SIZE]) if self.size >= HEADER_SIZE else None
+    def regions(self) -> list[Region]:
+        """The files that may hold a committed snapshot, newest first: the current one, then the previous."""
+        return [region for region in (self.current, self.spare) if region is not None]
 
     def discard_leftover(self) -> None:
-        """As the new writer: remove a ``.next`` buffer left by a writer killed before it committed."""
-        if self.path is not None and self._next is None:
+        """As the new writer: remove a ``.next`` file that holds no committed snapshot (a killed writer's)."""
+        if self.path is None:
+            return
+        if self.spare is not None and self._named(self.spare) and committed(self.spare):
+            return
+        self._drop_spare()
+
+    def _drop_spare(self) -> None:
+        if self.spare is not None:
+            self.spare.close()
+            self.spare = None
+        if self.path is not None:
             with contextlib.suppress(FileNotFoundError):
                 self._next_path.unlink()
 
-    def freeze(self, views: mmap.mmap) -> None:
-        """Do not write into the current file while ``views`` (a mapping restored tensors use) is alive."""
-        self._views = weakref.ref(views)
+    def freeze(self, region: Region, views: mmap.mmap) -> None:
+        """Do not write into ``region``'s file while ``views`` (a mapping restored tensors use) is alive."""
+        region.views = weakref.ref(views)
 
     def prepare(self, size: int) -> Region:
         """A buffer of at least ``size`` bytes to write the next snapshot into (raises CheckpointWriteError)."""
-        current = self.current
-        in_use = self._views is not None and self._views() is not None
-        if current is not None and not in_use and self._named(current) \
-                and size <= current.size <= max(2 * size, size + (64 << 20)):
-            return current
-        if self._next is not None and size <= self._next.size <= max(2 * size, size + (64 << 20)):
-            return self._next
-        if self._next is not None:
-            self._next.close()
-            self._next = None
+        self._wrote = True
+        in_place = self.path is None or not self.keep_previous
+        if in_place and self.current is not None and self._reusable(self.current, size):
+            return self.current  # the snapshot is gone until this one is committed
+        if self.spare is not None and self._reusable(self.spare, size):
+            return self.spare
+        if self.spare is not None:
+            self.spare.close()
+            self.spare = None
         if self.path is None:
-            self._next = Region(size)
-            return self._next
+            self.spare = Region(size)
+            return self.spare
         try:
-            self._next = Region(size, self._next_path, create=True)
+            with contextlib.suppress(FileNotFoundError):  # never truncate a file restored tensors may map
+                self._next_path.unlink()
+            self.spare = Region(size, self._next_path, create=True)
         except OSError as exc:
             with contextlib.suppress(OSError):
                 self._next_path.unlink()
+            if self.current is not None and self._reusable(self.current, size):
+                log.warning("kcover checkpoint: no room for a second snapshot at %s (%s): the previous one is "
+                            "not kept", self._next_path, exc.strerror or exc)
+                return self.current
             raise CheckpointWriteError(
                 f"cannot reserve {size} bytes of shared memory at {self._next_path}: {exc.strerror or exc}"
             ) from None
-        return self._next
+        return self.spare
+
+    def _reusable(self, region: Region, size: int) -> bool:
+        in_use = region.views is not None and region.views() is not None
+        return not in_use and self._named(region) and size <= region.size <= max(2 * size, size + (64 << 20))
 
     def _named(self, region: Region) -> bool:
-        """Is ``region`` still the file at the canonical name (not deleted by the node agent's sweep)?"""
+        """Is ``region`` still the file at its name (not deleted by the node agent's sweep)?"""
         if region.path is None:
             return True
         try:
@@ -171,20 +199,31 @@ class SnapshotBuffer:
             return False
 
     def publish(self, region: Region) -> None:
-        """``region`` now holds a committed snapshot: make it the current one (atomically, by rename)."""
+        """``region`` now holds a committed snapshot: make it the current one (atomically, by rename).
+
+        The previous snapshot's file takes the ``.next`` name in the same step (when kept).
+        """
         if region is self.current:
             return
+        previous = self.current
+        kept = False
         if region.path is not None and self.path is not None:
             try:
-                os.replace(region.path, self.path)
+                kept = self.keep_previous and previous is not None and self._named(previous) \
+                    and exchange(region.path, self.path)
+                if not kept:
+                    os.replace(region.path, self.path)
             except OSError as exc:  # its file was deleted (by hand, by a sweep): the next snapshot gets a new one
                 log.warning("kcover checkpoint: cannot put the snapshot in place at %s: %s; it stays in this "
                             "process only", self.path, exc.strerror or exc)
                 region.inode = 0
             region.path = self.path
-        if self.current is not None:
-            self.current.close()
-        self.current, self._next, self._views = region, None, None
+        if kept:
+            assert previous is not None
+            previous.path = self._next_path
+        elif previous is not None:
+            previous.close()
+        self.current, self.spare = region, previous if kept else None
 
     def touch(self) -> None:
         """Stamp the committed snapshot file with now: the node agent frees files no job saved for long."""
@@ -194,23 +233,42 @@ class SnapshotBuffer:
 
     def use_private(self) -> None:
         """Give up shared memory for this process (it was full or missing)."""
-        if self._next is not None:
-            self._next.close()
-            self._next = None
+        if self.spare is not None:
+            self.spare.close()
+            self.spare = None
         self.path = None
 
     def close(self, remove: bool = False) -> None:
-        """Unmap; the committed snapshot file stays (for a restarted worker) unless ``remove``."""
-        for region in (self.current, self._next):
+        """Unmap; the snapshot files stay (for a restarted worker) unless ``remove``.
+
+        A ``.next`` file this process was writing that holds no committed snapshot goes in any case.
+        """
+        if self._wrote and self.spare is not None and self._named(self.spare) and not committed(self.spare):
+            self._drop_spare()
+        for region in (self.current, self.spare):
             if region is not None:
                 region.close()
-        ours = self._next is not None  # a .next file this process made (a reader never makes one)
-        self.current = self._next = None
-        if self.path is not None:
-            for path in [self._next_path] * ours + [self.path] * remove:
+        self.current = self.spare = None
+        if self.path is not None and remove:
+            for path in (self._next_path, self.path):
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
         self.path = None
+
+
+def withdraw(region: Region) -> None:
+    """Mark the snapshot in ``region`` as not committed: it is never restored (its file is reused later)."""
+    struct.pack_into("<I", region.view(), _STATE_OFFSET, WRITING)
+
+
+def header_of(region: Region) -> Header | None:
+    """The header of the snapshot in ``region`` (None when the file is too short to have one)."""
+    return read_header(region.view()[:HEADER_SIZE]) if region.size >= HEADER_SIZE else None
+
+
+def committed(region: Region) -> bool:
+    header = header_of(region)
+    return header is not None and header.state == COMMITTED
 
 
 def _copy_tensor(destination: torch.Tensor, tensor: torch.Tensor) -> None:

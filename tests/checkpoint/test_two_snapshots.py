@@ -1,0 +1,113 @@
+"""Shared memory keeps the snapshot before the newest: a kill during a save, or ranks one step apart, lose nothing.
+
+Real processes killed with SIGKILL in the middle of a snapshot's copy, and a real two-rank gloo group whose
+ranks' newest snapshots differ by a step; ``memory_snapshots=1`` (one file, written in place) is the baseline
+that loses the memory in both cases.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from tests.checkpoint.states import assert_state, make_state
+from tests.checkpoint.test_faults import mb, tmpfs
+
+from kcover.checkpoint import Checkpointer
+from kcover.checkpoint.image import WRITING
+
+WORKERS = Path(__file__).parent / "workers"
+
+
+def state_field(path: Path) -> int | None:
+    try:
+        with path.open("rb") as file:
+            header = file.read(16)
+    except FileNotFoundError:
+        return None
+    return struct.unpack_from("<I", header, 12)[0] if len(header) == 16 else None
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("memory_snapshots", [2, 1])
+def test_a_worker_killed_in_the_middle_of_a_snapshot_restores_the_one_before_from_memory(
+    tmp_path: Path, shm_dir: Path, memory_snapshots: int
+) -> None:
+    worker = subprocess.Popen([sys.executable, str(WORKERS / "save_until_killed.py"), str(tmp_path), str(shm_dir),
+                               str(memory_snapshots)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert worker.stdout is not None
+        while (line := worker.stdout.readline()) and line.strip() != "saved 2":
+            pass
+        assert line.strip() == "saved 2", worker.wait()
+        (snapshot,) = shm_dir.glob("*.img")
+        being_written = snapshot.with_name(snapshot.name + ".next") if memory_snapshots == 2 else snapshot
+        deadline = time.monotonic() + 60
+        while state_field(being_written) != WRITING:  # the worst moment: half of a snapshot's bytes copied
+            assert time.monotonic() < deadline and worker.poll() is None
+        os.kill(worker.pid, signal.SIGKILL)
+    finally:
+        worker.kill()
+        worker.communicate()
+    with Checkpointer(tmp_path, shared_memory=shm_dir, emergency_save=False,
+                      memory_snapshots=memory_snapshots) as restarted:
+        restored = restarted.load_latest()
+    if memory_snapshots == 1:  # the one file was being overwritten, and nothing was persisted
+        assert restored is None
+        return
+    assert restored is not None and restored.source == "memory" and restored.step >= 2
+    assert_state(restored.state, make_state(restored.step, 8192))
+
+
+def run_ranks(tmp_path: Path, phase: str) -> list[str]:
+    store = tmp_path / f"store-{phase}-{time.monotonic_ns()}"
+    ranks = [subprocess.Popen([sys.executable, str(WORKERS / "one_step_apart.py"), str(tmp_path / "ckpt"),
+                               str(tmp_path / "shm"), str(rank), phase, str(store)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for rank in ((0, 1) if phase != "redo" else (1,))]
+    outputs = []
+    for rank in ranks:
+        out, err = rank.communicate(timeout=90)
+        assert rank.returncode == 0, err[-2000:]
+        outputs += out.split("\n")[:-1]
+    return outputs
+
+
+@pytest.mark.timeout(300)
+def test_ranks_one_step_apart_agree_on_a_step_in_memory_and_never_mix_in_the_abandoned_one(
+    tmp_path: Path, shm_dir: Path
+) -> None:
+    (tmp_path / "shm").symlink_to(shm_dir)
+    run_ranks(tmp_path, "save")  # rank 0 committed step 3, rank 1 died before its commit of step 3
+    assert run_ranks(tmp_path, "restore") == ["restored 2 memory step-2", "restored 2 memory step-12"]
+    # the job redoes step 3: rank 1 commits it, rank 0 dies before its commit.  Rank 0's old step 3 belongs to
+    # the abandoned timeline: it was withdrawn at the restore, so the ranks cannot resume from two different 3s
+    run_ranks(tmp_path, "redo")
+    assert run_ranks(tmp_path, "restore") == ["restored 2 memory step-2", "restored 2 memory step-12"]
+
+
+def test_no_room_for_a_second_snapshot_keeps_one_written_in_place(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with tmpfs(tmp_path / "shm", "size=3m") as shm, caplog.at_level(logging.WARNING, "kcover.checkpoint"):
+        with Checkpointer(tmp_path / "ckpt", shared_memory=shm, emergency_save=False) as checkpointer:
+            for step in (1, 2, 3):
+                assert checkpointer.save(step, {"x": mb(2)["x"] * step}, persist=False)
+            restored = checkpointer.load_latest()
+            assert restored is not None and (restored.step, restored.source) == (3, "memory")
+            assert (restored.state["x"] == 3).all()
+        assert "no room for a second snapshot" in caplog.text and "private memory" not in caplog.text
+        assert [p.name for p in shm.iterdir()] == [restored.where.rsplit("/", 1)[1]]  # no half-reserved file
+
+
+@pytest.mark.parametrize("value", [0, 3, -1, 1.0, "2", None])
+def test_memory_snapshots_is_one_or_two(tmp_path: Path, value: object) -> None:
+    with pytest.raises(ValueError, match="memory_snapshots must be 1 or 2"):
+        Checkpointer(tmp_path, shared_memory=None, emergency_save=False, memory_snapshots=value)  # type: ignore[arg-type]
