@@ -570,22 +570,36 @@ class Checkpointer:
         return loaded
 
     def _forget_newer_snapshots(self, restored: int) -> None:
-        """This rank's memory snapshots after the step the ranks agreed on belong to an abandoned timeline.
+        """This rank's checkpoints after the step the ranks agreed on belong to an abandoned timeline.
 
-        They are withdrawn, so that a later restart cannot take one for the redone step of the same number
-        (nor the emergency save persist it).  Only the writer, or a process that may become it, withdraws.
+        They are withdrawn — memory snapshots marked uncommitted, disk checkpoints uncommitted (the manifest
+        goes; the image is removed with the leftovers) — so that when the job redoes such a step and some rank
+        dies before committing it again, no rank can resume from the old one while the others take the new
+        one (nor can the emergency save persist it).  Only checkpoints this world size can load are touched
+        (a sharded one of another world size, or one found damaged, stays), and only by the writer or a
+        process that may become it.
         """
         with self._locked():
-            newer = [region for region in self._buffer.regions()
-                     if (image := memory_image(region, self.rank, self.world_size, self._token)) is not None
-                     and image.header.step > restored]
-            if not newer:
+            memory = [region for region in self._buffer.regions()
+                      if (image := memory_image(region, self.rank, self.world_size, self._token)) is not None
+                      and image.header.step > restored]
+            on_disk = [step for step in disk.committed_steps(self.directory, self.rank)
+                       if step > restored and step not in self._damaged
+                       and disk.looks_loadable(self.directory, step, self.rank, self.world_size)]
+            if not memory and not on_disk:
                 return
             taken = not self._writer.held and not self._writer.unlocked and self._writer.try_acquire()
             if not (taken or self._writer.held or self._writer.unlocked):
-                return  # a live writer elsewhere: its snapshots are its own business
-            for region in newer:
+                return  # a live writer elsewhere: its checkpoints are its own business
+            for region in memory:
                 withdraw(region)
+            for step in on_disk:
+                disk.withdraw(self.directory, step, self.rank)
+                self._verified.discard(step)
+            if on_disk:
+                log.warning("kcover checkpoint: rank %d's step(s) %s on disk were withdrawn: not every rank could "
+                            "load them, and the job resumes from step %d", self.rank,
+                            ", ".join(map(str, sorted(on_disk))), restored)
             if self._unpersisted is not None and self._unpersisted[0] > restored:
                 self._unpersisted = None
             if taken:

@@ -233,6 +233,14 @@ def _remove_step(root: Path, step: int, rank: int) -> None:
         folder.rmdir()  # only succeeds once every rank's files are gone
 
 
+def withdraw(root: Path, step: int, rank: int) -> None:
+    """Uncommit this rank's checkpoint of ``step`` (its manifest goes; the image is a leftover from then on)."""
+    folder = step_dir(root, step)
+    with contextlib.suppress(FileNotFoundError):
+        (folder / f"{_stem(rank)}.json").unlink()
+        _fsync_dir(folder)
+
+
 def prune(root: Path, rank: int, world_size: int, keep_last: int, keep_every: int | None,
           protect: Collection[int] = (), damaged: Collection[int] = ()) -> list[int]:
     """Delete this rank's loadable checkpoints outside the retention policy; returns the steps removed.
