@@ -29,7 +29,7 @@ from pathlib import Path
 
 from bench.ere import catalog_to_ere
 from bench.logdata import write_log
-from bench.ripgrep import catalog_to_rust, find_ripgrep, usable
+from bench.ripgrep import SIZE_LIMIT, catalog_to_rust, find_ripgrep, usable
 from kcover.classify.rules import Rule, load_catalog_files, shipped_catalog_files
 
 
@@ -82,7 +82,7 @@ def measure(path: Path, ere: Path, engine: str, rust: tuple[str, Path] | None, r
     grep = timed(["env", "LC_ALL=C", *_pin(), "grep", "-E", "-c", "-f", str(ere), str(path)], runs)
     rg = None
     if rust is not None:
-        rg = timed([*_pin(), rust[0], "--no-config", "-j1", "-c", "-f", str(rust[1]), str(path)], runs)
+        rg = timed([*_pin(), rust[0], "--no-config", *SIZE_LIMIT, "-j1", "-c", "-f", str(rust[1]), str(path)], runs)
     return Rates(grep, rg, timed(kcover_command(path, engine), runs))
 
 

@@ -18,7 +18,8 @@ import torch
 NONE = -1
 
 
-def _group_size() -> int:
+def group_size() -> int:
+    """How many ranks agree (1 outside an initialized process group)."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
@@ -44,7 +45,7 @@ def agree_on_step(best_at_most: Callable[[int], int], can_load: Callable[[int], 
     ``can_load(step)`` says whether this rank can load exactly ``step``.
     """
     bound = 2**62
-    if _group_size() == 1:
+    if group_size() == 1:
         return best_at_most(bound)
     while True:
         agreed = _all_min(best_at_most(bound))

@@ -62,7 +62,7 @@ import torch
 
 from kcover import sdk
 from kcover.checkpoint import disk
-from kcover.checkpoint.agree import NONE, agree_on_step
+from kcover.checkpoint.agree import NONE, agree_on_step, group_size
 from kcover.checkpoint.emergency import SigtermGuard
 from kcover.checkpoint.errors import CheckpointError, CorruptCheckpointError, WorldSizeChangedError
 from kcover.checkpoint.flatten import flatten
@@ -576,9 +576,12 @@ class Checkpointer:
         goes; the image is removed with the leftovers) — so that when the job redoes such a step and some rank
         dies before committing it again, no rank can resume from the old one while the others take the new
         one (nor can the emergency save persist it).  Only checkpoints this world size can load are touched
-        (a sharded one of another world size, or one found damaged, stays), and only by the writer or a
-        process that may become it.
+        (a sharded one of another world size, or one found damaged, stays), only when ranks agreed (alone,
+        a newer step is one this process failed to load, perhaps for a passing reason: it stays), and only
+        by the writer or a process that may become it.
         """
+        if group_size() == 1:
+            return
         with self._locked():
             memory = [region for region in self._buffer.regions()
                       if (image := memory_image(region, self.rank, self.world_size, self._token)) is not None
