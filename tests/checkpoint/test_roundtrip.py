@@ -123,7 +123,14 @@ def test_reserve_prepares_the_buffer_in_the_background(tmp_path: Path, shm_dir: 
         while not [p for p in shm_dir.glob("*.next") if p.stat().st_size] and time.monotonic() < deadline:
             time.sleep(0.01)
         (prepared,) = shm_dir.glob("*.next")
-        size = prepared.stat().st_size
+        size, inode = prepared.stat().st_size, prepared.stat().st_ino
         checkpointer.save(1, state)
-        (snapshot,) = shm_dir.iterdir()  # the prepared file became the snapshot: nothing allocated twice
-        assert snapshot.suffix == ".img" and snapshot.stat().st_size == size
+        (snapshot,) = shm_dir.glob("*.img")  # the prepared file became the snapshot: nothing allocated twice
+        assert snapshot.stat().st_size == size and snapshot.stat().st_ino == inode
+        # the file for the next snapshot is reserved in the background too: the second save allocates nothing
+        spare = snapshot.with_name(snapshot.name + ".next")
+        while not (spare.exists() and spare.stat().st_size == size) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        second = spare.stat().st_ino
+        checkpointer.save(2, state)
+        assert snapshot.stat().st_ino == second and spare.stat().st_ino == inode  # the two files swapped names

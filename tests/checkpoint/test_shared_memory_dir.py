@@ -44,9 +44,9 @@ def test_every_save_stamps_the_snapshot_and_a_swept_one_comes_back(tmp_path: Pat
     """The node agent deletes snapshot files no job saved for long; a live writer recovers on its next save."""
     with Checkpointer(tmp_path, shared_memory=shm_dir, rank=0, world_size=1, emergency_save=False) as checkpointer:
         checkpointer.save(1, make_state(1), persist=False)
-        (snapshot,) = shm_dir.iterdir()
+        (snapshot,) = shm_dir.glob("*.img")  # the .next file is being reserved meanwhile
         os.utime(snapshot, (1_000_000_000, 1_000_000_000))
-        checkpointer.save(2, make_state(2), persist=False)  # written in place: same file, fresh stamp
+        checkpointer.save(2, make_state(2), persist=False)  # the committed snapshot at that name is stamped
         assert time.time() - snapshot.stat().st_mtime < 60
         snapshot.unlink()  # what the agent's sweep does
         checkpointer.save(3, make_state(3), persist=False)  # not into the deleted file: a new one at the name

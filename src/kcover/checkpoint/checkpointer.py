@@ -268,14 +268,21 @@ class Checkpointer:
         return True
 
     def _finish_snapshot(self, step: int, region: Region, plan: Plan, devices: set[torch.device]) -> None:
-        """Commit and publish the snapshot, and release the lock ``save`` took."""
+        """Commit and publish the snapshot, and release the lock ``save`` took.
+
+        After the first save the second file is reserved at once, in the background, so that the next
+        ``save`` does not wait for its page faults.
+        """
         try:
             commit_snapshot(region, plan, devices)
             self._buffer.publish(region)
             self._buffer.touch()
             self._unpersisted = (step, plan.total)
+            prepare_next = self._buffer.wants_spare()
         finally:
             self._lock.release()
+        if prepare_next:
+            self._prepare_in_background(plan.total)
 
     def _finish_in_background(self, step: int, rest: tuple[Region, Plan, list[torch.Tensor], set[torch.device]],
                               persist: bool) -> None:

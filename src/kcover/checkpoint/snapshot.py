@@ -55,6 +55,7 @@ from kcover.checkpoint.image import COMMITTED, HEADER_SIZE, WRITING, Header, Pla
 log = logging.getLogger("kcover.checkpoint")
 
 _STATE_OFFSET = 12  # the state field: written alone, first on begin and last on commit
+_HEADROOM = 64 << 10
 
 
 class Region:
@@ -107,6 +108,7 @@ class SnapshotBuffer:
         self.path = path
         self.keep_previous = keep_previous
         self._wrote = False  # this process prepared a buffer (as the writer: a reader never does)
+        self._warned_no_room = False
         self.current = self._map_existing(path)
         self.spare = self._map_existing(self._next_path) if keep_previous and path is not None else None
 
@@ -172,18 +174,27 @@ class SnapshotBuffer:
         try:
             with contextlib.suppress(FileNotFoundError):  # never truncate a file restored tensors may map
                 self._next_path.unlink()
-            self.spare = Region(size, self._next_path, create=True)
+            self.spare = Region(_with_headroom(size), self._next_path, create=True)
         except OSError as exc:
             with contextlib.suppress(OSError):
                 self._next_path.unlink()
             if self.current is not None and self._reusable(self.current, size):
-                log.warning("kcover checkpoint: no room for a second snapshot at %s (%s): the previous one is "
-                            "not kept", self._next_path, exc.strerror or exc)
+                log.log(logging.DEBUG if self._warned_no_room else logging.WARNING,
+                        "kcover checkpoint: no room for a second snapshot at %s (%s): snapshots are written in "
+                        "place, the previous one is not kept", self._next_path, exc.strerror or exc)
+                self._warned_no_room = True
                 return self.current
             raise CheckpointWriteError(
                 f"cannot reserve {size} bytes of shared memory at {self._next_path}: {exc.strerror or exc}"
             ) from None
         return self.spare
+
+    def wants_spare(self) -> bool:
+        """Is there no second file yet (so one may be reserved now, before the next snapshot needs it)?
+
+        A ``.next`` file that exists holds the previous snapshot: it is never replaced ahead of time.
+        """
+        return self.path is not None and self.keep_previous and not self._warned_no_room and self.spare is None
 
     def _reusable(self, region: Region, size: int) -> bool:
         in_use = region.views is not None and region.views() is not None
@@ -269,6 +280,12 @@ def header_of(region: Region) -> Header | None:
 def committed(region: Region) -> bool:
     header = header_of(region)
     return header is not None and header.state == COMMITTED
+
+
+def _with_headroom(size: int) -> int:
+    """A new file's size: rounded up to 64 KiB, so a state that grows by a few bytes (a longer string, one
+    more step digit) still fits the file the two snapshots take turns in."""
+    return -(-size // _HEADROOM) * _HEADROOM
 
 
 def _copy_tensor(destination: torch.Tensor, tensor: torch.Tensor) -> None:
