@@ -343,7 +343,7 @@ class Checkpointer:
         def prepare() -> None:
             with self._lock, contextlib.suppress(CheckpointError):
                 if not self._closed:
-                    self._buffer.prepare(size)
+                    self._buffer.prepare(size).populate()
 
         threading.Thread(target=prepare, name="kcover-reserve", daemon=True).start()
 

@@ -51,6 +51,7 @@ import torch
 from kcover.checkpoint.errors import CheckpointWriteError
 from kcover.checkpoint.files import exchange, open_regular, regular_size
 from kcover.checkpoint.image import COMMITTED, HEADER_SIZE, WRITING, Header, Plan, pack_header, read_header
+from kcover.checkpoint.landing import MADV_POPULATE_WRITE
 
 log = logging.getLogger("kcover.checkpoint")
 
@@ -89,6 +90,13 @@ class Region:
 
     def view(self) -> memoryview:
         return memoryview(self._map) if self._map is not None else self.tensor.numpy().data
+
+    def populate(self) -> None:
+        """Fault the whole file in now (``MADV_POPULATE_WRITE``), so that a snapshot copied in later takes no
+        page faults; a kernel older than 5.14 leaves it to the copy."""
+        if self._map is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self._map.madvise(MADV_POPULATE_WRITE)
 
     def close(self) -> None:
         if self._pinned:
