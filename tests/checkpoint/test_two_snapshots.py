@@ -114,3 +114,29 @@ def test_no_room_for_a_second_snapshot_keeps_one_written_in_place(
 def test_memory_snapshots_is_one_or_two(tmp_path: Path, value: object) -> None:
     with pytest.raises(ValueError, match="memory_snapshots must be 1 or 2"):
         Checkpointer(tmp_path, shared_memory=None, emergency_save=False, memory_snapshots=value)  # type: ignore[arg-type]
+
+
+def resident_kib(path: Path) -> int:
+    """How much of ``path`` this process has mapped in (``Rss`` of its mappings in /proc/self/smaps)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        fields = line.split()
+        if fields and "-" in fields[0] and len(fields) >= 5:  # a mapping's header line
+            inside = len(fields) >= 6 and fields[5] == str(path)
+        elif inside and fields[:1] == ["Rss:"]:
+            total += int(fields[1])
+    return total
+
+
+@pytest.mark.timeout(60)
+def test_after_the_first_save_the_second_file_is_reserved_and_faulted_in(tmp_path: Path, shm_dir: Path) -> None:
+    with Checkpointer(tmp_path, shared_memory=shm_dir, emergency_save=False) as checkpointer:
+        checkpointer.save(1, make_state(1, 512), persist=False)  # 16 MiB
+        (snapshot,) = shm_dir.glob("*.img")
+        spare = snapshot.with_name(snapshot.name + ".next")
+        deadline = time.monotonic() + 30
+        while not (spare.exists() and resident_kib(spare) * 1024 >= spare.stat().st_size):
+            assert time.monotonic() < deadline, (spare.exists(), resident_kib(spare))
+            time.sleep(0.02)
+        assert spare.stat().st_size >= snapshot.stat().st_size - (64 << 10)
+    assert not spare.exists()  # reserved, never written: closing removes it
