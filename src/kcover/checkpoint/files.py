@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 _KINDS = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device",
           stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket"}
@@ -82,13 +84,19 @@ _RENAME_EXCHANGE = 2
 _UNSUPPORTED = (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP)
 
 
+@functools.cache
+def _renameat2() -> Any:
+    """The C library's ``renameat2``, looked up once (None where it has none)."""
+    return getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+
+
 def exchange(first: Path, second: Path) -> bool:
     """Swap the files at two names in one step (``renameat2(RENAME_EXCHANGE)``); False where not supported.
 
     Neither name is ever missing in between, and a symlink is swapped as a name, never followed.  Raises
     OSError when either name is missing (or for any other failure than lack of support).
     """
-    function = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    function = _renameat2()
     if function is None:  # a C library older than glibc 2.28
         return False
     if function(_AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second), _RENAME_EXCHANGE) == 0:
