@@ -22,7 +22,7 @@ from dataclasses import replace
 from kcover.classify.fallback import Tail, TailKeeper
 from kcover.classify.matcher import Hit
 from kcover.classify.rules import Rule
-from kcover.collect.lines import evidence_text, line_shape
+from kcover.collect.lines import LogLine, evidence_text, line_shape
 from kcover.collect.sources import SourceInfo
 from kcover.faults import Evidence, Fault
 
@@ -52,12 +52,18 @@ def evidence_of(source: SourceInfo, hit: Hit) -> Evidence:
     line = hit.line
     return Evidence(
         source=source.name,
-        line=evidence_text(line.text, hit.rule.position(line.text)),
+        line=evidence_text(line.text, _position(hit.rule, line)),
         line_number=hit.line_number,
         timestamp=line.timestamp,
         rank=line.rank if line.rank is not None else source.rank,
         node=source.node or line.node,
     )
+
+
+def _position(rule: Rule, line: LogLine) -> int | None:
+    """Where ``rule`` matched in ``line.text``: it was confirmed on the line's message."""
+    found = rule.position(line.message)
+    return None if found is None else line.message_at + found
 
 
 class FaultCollector:

@@ -296,7 +296,7 @@ def _tail_lines(tail: Tail) -> tuple[list[LogLine], int]:
 def failure_line(tail: Tail) -> tuple[LogLine, int, Kind] | None:
     """The line that shows a source ended in failure, its line number and kind; ``None`` when it did not."""
     lines, first = _tail_lines(tail)
-    texts = [line.text[:_MATCH_CHARS] for line in lines]
+    texts = [line.message[:_MATCH_CHARS] for line in lines]
     index = _ends_in_failure(texts)
     if index is None:
         return None

@@ -167,7 +167,7 @@ class Matcher:
         if len(raw) > WHOLE_LINE_BYTES:
             return self._classify_long(raw, hits, with_prefixes=True)
         line = parse_line(raw)
-        winner = self.classify_text(line.text, _candidates(hits))
+        winner = self.classify_text(line.message, _candidates(hits))
         return (winner, line) if winner is not None else None
 
     def _classify_long(
@@ -215,7 +215,7 @@ def _windows(length: int, hits: list[tuple[int, int]]) -> list[tuple[int, int, l
 def _window_text(raw: bytes, start: int, stop: int, with_prefixes: bool) -> str:
     """One window decoded, prefixes stripped at the line's head, cut edges shown as ``…``."""
     piece = raw[start:stop]
-    text = parse_line(piece).text if start == 0 and with_prefixes else piece.decode("utf-8", errors="replace")
+    text = parse_line(piece).message if start == 0 and with_prefixes else piece.decode("utf-8", errors="replace")
     return (_CUT if start > 0 else "") + text + (_CUT if stop < len(raw) else "")
 
 

@@ -14,6 +14,7 @@ Used by the scanner for files, pipes and live worker output alike.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,22 +27,36 @@ SHAPE_CHARS = 500
 """Characters of a line that decide whether two lines are repeats of one another (see :func:`line_shape`)."""
 
 _ANSI = re.compile(rb"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
+_DOCKER_JSON = b'{"log":"'
 _LONE_CR = re.compile(rb"\r(?!\n)")
 _CRI = re.compile(r"^(\d{4}-\d\d-\d\dT[\d:.]+(?:Z|[+-]\d\d:\d\d)) (?:stdout|stderr) [FP] ?")
 _LAUNCHER = re.compile(
-    r"^(?:\[rank(?P<rank>\d+)\]:\s?|\[default(?P<local>\d+)\]:\s?|\[\d+,(?P<mpi>\d+)\]<std\w+>:\s?)"
+    r"(?:\[rank(?P<rank>\d+)\]:\s?|\[default(?P<local>\d+)\]:\s?|\[\d+,(?P<mpi>\d+)\]<std\w+>:\s?)"
 )
 _TIMESTAMP = re.compile(
     r"^\[?(\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?)\]?"
     r"|^\[\s*(\d+\.\d+)\]"
 )
+_QUOTE = re.compile(r" {0,3}(?:> ?)+")
+"""Quote marks of a log pasted into an issue or an e-mail (``> ``, ``>> ``)."""
+_LEADING_TIMESTAMP = re.compile(
+    r"\[?(?P<stamp>\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?)\]?"
+    r"(?: {0,8}[|:\-] | {1,8})"
+)
+"""A timestamp and its separator before a message (``2024-05-01T10:00:00.123Z ``, ``[2024-05-01 10:00:00] ``)."""
+_MAX_PREFIXES = 4
 _NCCL_HOST = re.compile(r"(?:^|\s)([A-Za-z0-9][\w.\-]*):\d+:\d+ \[\d+\] NCCL")
 _DIGITS = re.compile(r"\d+")
 _RANK_IN_TEXT = re.compile(r"\[(?:PG [^\]]*?)?Rank (\d+)\]|\brank[ =:]\s?(\d+)\b", re.IGNORECASE)
 
 
 def clean_block(block: bytes) -> bytes:
-    """Normalise line breaks and drop colour codes and NULs (cheap when absent)."""
+    """Normalise line breaks and drop colour codes and NULs (cheap when absent).
+
+    Docker's ``json-file`` lines are unwrapped first (:func:`docker_json_to_cri`).
+    """
+    if _DOCKER_JSON in block:
+        block = docker_json_to_cri(block)
     if b"\r" in block:
         block = unify_line_breaks(block)
     if b"\x1b" in block:
@@ -49,6 +64,38 @@ def clean_block(block: bytes) -> bytes:
     if b"\x00" in block:
         block = block.replace(b"\x00", b"")
     return block
+
+
+def docker_json_to_cri(block: bytes) -> bytes:
+    """Docker's ``json-file`` log lines turned into the CRI lines they stand for.
+
+    Where Docker runs the containers (``cri-dockerd``), a pod's log file is
+    Docker's: one JSON object per line, ``{"log":"…\\n","stream":"stderr",
+    "time":"…"}``, its text escaped (``\\"``, ``\\t``, ``\\u001b``), so patterns
+    would miss what a person sees.  Each such line becomes ``<time> <stream>
+    F <text>`` (``P`` for a line Docker cut), which :func:`parse_line` reads like
+    any CRI line; a line that is not such an object is left as it is.
+    """
+    lines = block.split(b"\n")
+    for index, line in enumerate(lines):
+        if line.startswith(_DOCKER_JSON):
+            lines[index] = _docker_line(line)
+    return b"\n".join(lines)
+
+
+def _docker_line(line: bytes) -> bytes:
+    try:
+        entry = json.loads(line)
+    except ValueError:
+        return line
+    if not isinstance(entry, dict) or not isinstance(entry.get("log"), str):
+        return line
+    text: str = entry["log"]
+    stream = entry.get("stream") if entry.get("stream") in ("stdout", "stderr") else "stdout"
+    tag = "F" if text.endswith("\n") else "P"
+    time = entry.get("time")
+    head = f"{time} {stream} {tag} " if isinstance(time, str) and _CRI.match(f"{time} {stream} {tag} ") else ""
+    return (head + text.removesuffix("\n")).encode("utf-8", errors="surrogatepass")
 
 
 def unify_line_breaks(block: bytes) -> bytes:
@@ -110,10 +157,26 @@ class LogLine:
     timestamp: str | None = None
     rank: int | None = None
     node: str | None = None
+    message_at: int = 0
+    """Where the message begins in ``text``, after quote marks, rank tags and timestamps."""
+
+    @property
+    def message(self) -> str:
+        """The line from its message on: what a rule anchored at a message's start reads."""
+        return self.text[self.message_at :]
 
 
 def parse_line(raw: bytes) -> LogLine:
-    """Decode a line and strip CRI and launcher prefixes, keeping what they tell."""
+    """Decode a line and strip CRI and launcher prefixes, keeping what they tell.
+
+    The message's start is found past further prefixes, in any order and
+    nesting: rank tags (``[rank3]:``, ``[1,3]<stderr>:``), leading timestamps
+    (``kubectl logs --timestamps``, Python logging's ``2024-05-01
+    10:00:00,123 - ``) and quote marks (``> `` of a log pasted into an issue or
+    an e-mail), so a rule anchored at the start of a message (a Python
+    exception line) sees it there.  Indentation is kept: it tells a
+    traceback's code from its error.
+    """
     text = raw.decode("utf-8", errors="replace").rstrip("\n")
     timestamp = None
     cri = _CRI.match(text)
@@ -126,6 +189,17 @@ def parse_line(raw: bytes) -> LogLine:
         found = launcher.group("rank") or launcher.group("mpi")
         rank = int(found) if found else None
         text = text[launcher.end() :]
+    message_at = 0
+    for _ in range(_MAX_PREFIXES):
+        prefix = _QUOTE.match(text, message_at) or _LAUNCHER.match(text, message_at)
+        prefix = prefix or _LEADING_TIMESTAMP.match(text, message_at)
+        if prefix is None or prefix.end() == message_at:
+            break
+        groups = prefix.groupdict()
+        found = groups.get("rank") or groups.get("mpi")
+        rank = int(found) if found and rank is None else rank
+        timestamp = timestamp or groups.get("stamp")
+        message_at = prefix.end()
     if timestamp is None:
         stamp = _TIMESTAMP.match(text)
         if stamp:
@@ -135,7 +209,9 @@ def parse_line(raw: bytes) -> LogLine:
         if in_text:
             rank = int(in_text.group(1) or in_text.group(2))
     host = _NCCL_HOST.search(text)
-    return LogLine(text=text, timestamp=timestamp, rank=rank, node=host.group(1) if host else None)
+    return LogLine(
+        text=text, timestamp=timestamp, rank=rank, node=host.group(1) if host else None, message_at=message_at
+    )
 
 
 def evidence_text(text: str, around: int | None = None) -> str:

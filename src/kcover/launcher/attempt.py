@@ -303,8 +303,9 @@ class Attempt:
                 kmsg.write(line + "\n")
         except OSError as exc:
             self.reporter.event("warning", f"cannot write {self.folder / f'{node}.kmsg'}: {exc.strerror or exc}")
-        text = parse_line(line.encode()).text
-        rule = self.matcher.classify_text(text)
+        parsed = parse_line(line.encode())
+        text = parsed.text
+        rule = self.matcher.classify_text(parsed.message)
         if rule is None:
             return
         fault = self.collector.add(rule, Evidence(source=f"{node}/kmsg", line=text, node=node))
