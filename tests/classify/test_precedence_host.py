@@ -204,3 +204,29 @@ def test_tensorflow_gpu_oom_is_gpu_memory_and_cpu_oom_is_host_memory() -> None:
         "shape[1000000,512] and type float on /job:localhost/replica:0/task:0/device:CPU:0 by allocator cpu\n"
     )
     assert cpu.category is Category.HOST_SYSTEM
+
+
+@pytest.mark.parametrize(
+    ("host_line", "rule"),
+    [
+        ("[epilog] dmesg: [ 4411.220101] traps: python3[48211] general protection fault ip:7f8e5c2a1b40 "
+         "sp:7ffc9a1e2f10 error:0 in libc.so.6[7f8e5c228000+195000]", "host.segfault"),
+        ("[epilog] journalctl: May 01 10:02:11 gpu-node-a17 systemd-oomd[812]: Killed "
+         "/system.slice/slurmstepd.scope/job_1234567/step_0 due to memory pressure for /system.slice "
+         "being 81.42% > 60.00% for > 20s with reclaim activity", "host.oom-killer"),
+        ("[epilog] dmesg: [ 9021.110101] Kernel panic - not syncing: Fatal exception", "host.kernel-panic"),
+    ],
+    ids=["user-gpf", "systemd-oomd", "kernel-panic"],
+)
+def test_a_host_kill_in_the_epilog_explains_the_peers_timeouts_and_remote_errors(host_line: str, rule: str) -> None:
+    # Found by the host audit: without rules for these lines the verdict was the peers' cascade.
+    cascade = (
+        "[rank0]:[E501 10:12:13.004] [PG 0 Rank 0] Watchdog caught collective operation timeout: "
+        "WorkNCCL(SeqNum=88211, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for "
+        "600084 milliseconds before timing out.\n"
+        "[rank2]: ncclRemoteError: A call failed possibly due to a network error or a remote process "
+        "exiting prematurely.\n"
+    )
+    for text in (cascade + host_line + "\n", host_line + "\n" + cascade):
+        verdict = explain(text)
+        assert (verdict.rule, verdict.category) == (rule, Category.HOST_SYSTEM)

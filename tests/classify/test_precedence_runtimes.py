@@ -1,0 +1,59 @@
+"""Runtime errors reported as Python exceptions are the runtime's, not the user's bug.
+
+JAX/XLA and TensorFlow raise their runtime's failures as exceptions (``XlaRuntimeError:
+DEADLINE_EXCEEDED: …``, ``errors_impl.UnavailableError: …``); the generic ``python.exception``
+rule would call them ``user_code`` and fail the job for good.  The launchers' own "a worker
+failed" exceptions (horovodrun, Ray Train) leave the root to the worker's error.  Cases from the
+runtimes audit (``catalog/runtimes.yaml``), each as a traceback ends.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kcover import Action, Category, explain
+
+TRACEBACK = 'Traceback (most recent call last):\n  File "train.py", line 41, in <module>\n    main()\n'
+
+
+@pytest.mark.parametrize(
+    ("last_line", "category"),
+    [
+        ("jaxlib.xla_extension.XlaRuntimeError: DEADLINE_EXCEEDED: GetKeyValue() timed out with key: "
+         "cuda:gpu_executable_nccl_unique_id_key:1 and duration: 5m", Category.COLLECTIVE_TIMEOUT_HANG),
+        ("tensorflow.python.framework.errors_impl.DeadlineExceededError: Collective ops is aborted by: "
+         "Collective has timed out during execution.", Category.COLLECTIVE_TIMEOUT_HANG),
+        ("tensorflow.python.framework.errors_impl.UnavailableError: Collective ops is aborted by: "
+         "failed to connect to all addresses", Category.NETWORK_INFINIBAND),
+        ("tensorflow.python.framework.errors_impl.InternalError: Blas GEMM launch failed : "
+         "a.shape=(256, 4096), b.shape=(4096, 4096), m=256, n=4096, k=4096 [Op:MatMul]", Category.CUDA_SOFTWARE),
+        ("jaxlib.xla_extension.XlaRuntimeError: INTERNAL: Failed to execute XLA Runtime executable: "
+         "jaxlib/gpu/prng_kernels.cc:33: operation gpuGetLastError() failed: out of memory.",
+         Category.GPU_MEMORY_OOM),
+    ],
+    ids=["xla-kv-timeout", "tf-collective-timeout", "tf-peer-unreachable", "tf-gemm", "jax-oom"],
+)
+def test_a_runtime_failure_raised_as_an_exception_is_not_the_users_bug(last_line: str, category: Category) -> None:
+    verdict = explain(TRACEBACK + last_line + "\n")
+    assert verdict.category is category
+    assert verdict.action is not Action.FAIL
+
+
+@pytest.mark.parametrize(
+    "launcher_line",
+    [
+        "RuntimeError: Horovod detected that one or more processes exited with non-zero status, thus "
+        "causing the job to be terminated. The first process to do so was:",
+        "RuntimeError: mpirun failed with exit code 1",
+        "ray.train.base_trainer.TrainingFailedError: The Ray Train run failed. Please inspect the previous "
+        "error messages for a cause.",
+    ],
+    ids=["horovodrun", "mpirun", "ray-train"],
+)
+def test_the_launchers_report_leaves_the_root_to_the_workers_error(launcher_line: str) -> None:
+    worker = TRACEBACK + "KeyError: 'labels'\n"
+    verdict = explain(worker + TRACEBACK + launcher_line + "\n")
+    assert (verdict.category, verdict.rule) == (Category.USER_CODE, "python.exception")
+    alone = explain(TRACEBACK + launcher_line + "\n")
+    assert alone.category is Category.OTHER
+    assert alone.action is Action.RESTART
