@@ -4,6 +4,9 @@ Only for the scanning benchmark's baseline: grep must search for the same
 patterns as kcover.  Case-insensitive rules become ``[xX]`` classes (grep has no
 per-pattern flag), ``(?:`` becomes ``(``, ``\\d`` becomes ``[0-9]``, and
 look-ahead and look-behind groups, which ERE lacks, are dropped (grep then searches a superset).
+``\\t`` and ``\\r`` become the characters themselves (a bracket expression in ERE has no escapes:
+``[^"\\n]`` would also exclude a backslash and an ``n``), and ``\\n`` in a bracket expression is
+dropped: grep searches line by line, so no line holds a newline to match or exclude.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 from kcover.classify.rules import Rule
 
 _CLASS_ESCAPES = {"d": "[0-9]", "D": "[^0-9]"}
+_CONTROL_ESCAPES = {"t": "\t", "r": "\r"}
 
 
 def skip_group(pattern: str, start: int) -> int:
@@ -51,6 +55,11 @@ def to_ere(pattern: str, ignore_case: bool) -> str:
                 out.append("0-9")
             elif nxt in "-\"'":
                 out.append(nxt)
+            elif nxt in _CONTROL_ESCAPES:
+                out.append(_CONTROL_ESCAPES[nxt])
+            elif nxt == "n" and in_class:
+                if out[-1] in ("[", "^") and pattern.startswith("]", index + 2):
+                    raise ValueError(f"a bracket expression of only \\n has no ERE form: {pattern!r}")
             elif nxt == "s" and in_class:
                 out.append("[:space:]")
             elif nxt == "w" and in_class:

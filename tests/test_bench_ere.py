@@ -28,3 +28,30 @@ def test_grep_matches_every_example(rule: Rule, tmp_path: Path) -> None:
                           text=True, check=False)
     assert done.stderr == ""
     assert done.stdout.strip() == str(len(rule.spec.examples))
+
+
+ESCAPE_CASES = [
+    (r'^err: "[^"\n]+"$', ['err: "n"', 'err: "a\\b"', 'err: ""', 'err: "x"y"']),
+    (r"^a[ \t]{1,2}b$", ["a\tb", "a b", "atb", "a\\b"]),
+    (r"^x\ty$", ["x\ty", "xty", "x y"]),
+    (r"^[\n\d]+$", ["123", "n12", ""]),
+]
+
+
+@pytest.mark.skipif(shutil.which("grep") is None, reason="no grep on this machine")
+@pytest.mark.parametrize(("pattern", "lines"), ESCAPE_CASES, ids=[case[0] for case in ESCAPE_CASES])
+def test_control_escapes_mean_the_same_to_grep(pattern: str, lines: list[str], tmp_path: Path) -> None:
+    """``\\n`` in a bracket, ``\\t`` anywhere: grep selects exactly the lines Python's ``re`` matches."""
+    import re
+
+    patterns = tmp_path / "patterns.ere"
+    patterns.write_text(to_ere(pattern, ignore_case=False) + "\n")
+    done = subprocess.run(["grep", "-E", "-f", str(patterns)], input="\n".join(lines) + "\n",
+                          capture_output=True, text=True, check=False)
+    assert done.stderr == ""
+    assert done.stdout.splitlines() == [line for line in lines if re.search(pattern, line)]
+
+
+def test_a_bracket_of_only_a_newline_is_refused() -> None:
+    with pytest.raises(ValueError, match="only"):
+        to_ere(r"a[^\n]b", ignore_case=False)
