@@ -47,8 +47,12 @@ def test_a_runtime_failure_raised_as_an_exception_is_not_the_users_bug(last_line
         "RuntimeError: mpirun failed with exit code 1",
         "ray.train.base_trainer.TrainingFailedError: The Ray Train run failed. Please inspect the previous "
         "error messages for a cause.",
+        "(APIServer pid=3653) RuntimeError: Engine core initialization failed. See root cause above. Failed "
+        "core proc(s): {}",
+        "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) "
+        "for the root cause.",
     ],
-    ids=["horovodrun", "mpirun", "ray-train"],
+    ids=["horovodrun", "mpirun", "ray-train", "vllm-engine-init", "vllm-engine-dead"],
 )
 def test_the_launchers_report_leaves_the_root_to_the_workers_error(launcher_line: str) -> None:
     worker = TRACEBACK + "KeyError: 'labels'\n"
@@ -57,3 +61,21 @@ def test_the_launchers_report_leaves_the_root_to_the_workers_error(launcher_line
     alone = explain(TRACEBACK + launcher_line + "\n")
     assert alone.category is Category.OTHER
     assert alone.action is Action.RESTART
+
+
+@pytest.mark.parametrize(
+    ("banner", "category"),
+    [
+        ("*** SIGSEGV (@0x0) received by PID 4121 (TID 0x7f1c3b2a1700) from PID 0; stack trace: ***",
+         Category.HOST_SYSTEM),
+        ("*** SIGBUS (@0x7f1c2a000000) received by PID 4121 (TID 0x7f1c3b2a1700) from PID 0; stack trace: ***",
+         Category.HOST_SYSTEM),
+        ("FatalError: `Segmentation fault` is detected by the operating system.", Category.HOST_SYSTEM),
+    ],
+    ids=["glog-segv", "glog-bus", "paddle-segv"],
+)
+def test_a_runtimes_signal_banner_is_the_signal(banner: str, category: Category) -> None:
+    """glog's and PaddlePaddle's failure-signal handlers print the signal before the stack: it is the root."""
+    header = '*** Aborted at 1700000000 (unix time) try "date -d @1700000000" if you are using GNU date ***\n'
+    verdict = explain(header + banner + "\n")
+    assert verdict.category is category
