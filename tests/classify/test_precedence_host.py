@@ -215,8 +215,14 @@ def test_tensorflow_gpu_oom_is_gpu_memory_and_cpu_oom_is_host_memory() -> None:
          "/system.slice/slurmstepd.scope/job_1234567/step_0 due to memory pressure for /system.slice "
          "being 81.42% > 60.00% for > 20s with reclaim activity", "host.oom-killer"),
         ("[epilog] dmesg: [ 9021.110101] Kernel panic - not syncing: Fatal exception", "host.kernel-panic"),
+        ("[epilog] dmesg: [6011402.880114] thermal thermal_zone0: acpitz: critical temperature reached, shutting down",
+         "host.hardware-protection"),
+        ("[epilog] ipmitool sel list:   2f | 05/14/24 | 04:01:09 UTC | Processor #0x04 | IERR | Asserted",
+         "host.hardware-protection"),
+        ("[epilog] dmesg: [3310480.880702] pcieport 0000:3a:00.0: DPC: containment event, status:0x1f01 source:0x0000",
+         "host.pcie-aer-fatal"),
     ],
-    ids=["user-gpf", "systemd-oomd", "kernel-panic"],
+    ids=["user-gpf", "systemd-oomd", "kernel-panic", "thermal-shutdown", "bmc-ierr", "dpc-containment"],
 )
 def test_a_host_kill_in_the_epilog_explains_the_peers_timeouts_and_remote_errors(host_line: str, rule: str) -> None:
     # Found by the host audit: without rules for these lines the verdict was the peers' cascade.
