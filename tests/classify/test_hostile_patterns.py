@@ -104,19 +104,19 @@ def _search_hostile_lines(pattern: str, flags: int) -> float:
 
 @cache
 def _hostile_seconds() -> dict[tuple[str, int], float]:
-    """Every shipped pattern over its hostile lines, on every core at once; a pattern still
-    searching at the deadline fails the test by name (its worker is killed with the pool)."""
+    """Every shipped pattern over its hostile lines, on every core at once, measured once for all
+    the tests; a pattern still searching at the deadline counts as infinite (its worker is killed
+    with the pool), so each rule's test fails by name without searching again."""
     jobs = sorted({(regex.pattern, regex.flags) for rule in RULES for regex in _patterns(rule)})
     deadline = time.monotonic() + HOSTILE_SECONDS
+    seconds = {}
     with multiprocessing.get_context("fork").Pool(os.cpu_count() or 1) as pool:
         pending = {job: pool.apply_async(_search_hostile_lines, job) for job in jobs}
-        seconds = {}
         for job, result in pending.items():
             try:
                 seconds[job] = result.get(timeout=max(0.0, deadline - time.monotonic()))
             except multiprocessing.TimeoutError:
-                raise AssertionError(f"{job[0]!r} is still searching its 1 MiB hostile lines "
-                                     f"after {HOSTILE_SECONDS} s") from None
+                seconds[job] = float("inf")
     return seconds
 
 
@@ -125,7 +125,8 @@ def _hostile_seconds() -> dict[tuple[str, int], float]:
 def test_every_shipped_rule_gets_through_1mib_hostile_lines(rule: Rule) -> None:
     seconds = _hostile_seconds()
     for regex in _patterns(rule):
-        assert seconds[(regex.pattern, regex.flags)] < HOSTILE_SECONDS, regex.pattern
+        took = seconds[(regex.pattern, regex.flags)]
+        assert took < HOSTILE_SECONDS, f"{regex.pattern!r} still searching its 1 MiB hostile lines after {took} s"
 
 
 def _unchecked_rule(pattern: str) -> Rule:
