@@ -58,7 +58,8 @@ def to_ere(pattern: str, ignore_case: bool) -> str:
             elif nxt in _CONTROL_ESCAPES:
                 out.append(_CONTROL_ESCAPES[nxt])
             elif nxt == "n" and in_class:
-                if out[-1] in ("[", "^") and pattern.startswith("]", index + 2):
+                empty_so_far = out[-1] == "[" or (out[-1] == "^" and out[-2:-1] == ["["])
+                if empty_so_far and pattern.startswith("]", index + 2):
                     raise ValueError(f"a bracket expression of only \\n has no ERE form: {pattern!r}")
             elif nxt == "s" and in_class:
                 out.append("[:space:]")

@@ -6,6 +6,7 @@ the real GNU grep, or the throughput ratio would compare different work.
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -35,6 +36,7 @@ ESCAPE_CASES = [
     (r"^a[ \t]{1,2}b$", ["a\tb", "a b", "atb", "a\\b"]),
     (r"^x\ty$", ["x\ty", "xty", "x y"]),
     (r"^[\n\d]+$", ["123", "n12", ""]),
+    (r"^[a^\n]+$", ["a^a", "^", "n", "a\\"]),
 ]
 
 
@@ -42,8 +44,6 @@ ESCAPE_CASES = [
 @pytest.mark.parametrize(("pattern", "lines"), ESCAPE_CASES, ids=[case[0] for case in ESCAPE_CASES])
 def test_control_escapes_mean_the_same_to_grep(pattern: str, lines: list[str], tmp_path: Path) -> None:
     """``\\n`` in a bracket, ``\\t`` anywhere: grep selects exactly the lines Python's ``re`` matches."""
-    import re
-
     patterns = tmp_path / "patterns.ere"
     patterns.write_text(to_ere(pattern, ignore_case=False) + "\n")
     done = subprocess.run(["grep", "-E", "-f", str(patterns)], input="\n".join(lines) + "\n",
