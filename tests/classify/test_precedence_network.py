@@ -163,8 +163,10 @@ def test_wrapper_alone_still_gives_a_cascade_verdict(text: str, category: Catego
         "[W TCPStore.cpp:358] [c10d] TCP client failed to connect/validate to host 10.0.0.9:46229 - retrying (try=0,"
         " timeout=600000ms, delay=88516ms): The client socket has timed out after 600000ms while trying to connect"
         " to (10.0.0.9, 46229).\nstep 1 loss 9.1\n",
+        "[1732623600.102210] [gpu-node-a17:48213:0]           ib_md.c:927  UCX  WARN  IB: ibv_fork_init() was "
+        "disabled or failed, yet a fork() has been issued.\nstep 3 loss 1.2\n",
     ],
-    ids=["nccl-connect-retry", "no-ib-device-falls-back-to-sockets", "tcpstore-retry"],
+    ids=["nccl-connect-retry", "no-ib-device-falls-back-to-sockets", "tcpstore-retry", "ucx-fork-warning"],
 )
 def test_retried_or_informational_lines_are_not_faults(text: str) -> None:
     verdict = explain(text)
@@ -178,3 +180,26 @@ def test_a_rank_that_reaches_the_store_before_it_is_up_is_no_fault() -> None:
                         f"to [localhost]:29500 (errno: 111 - Connection refused)." for i in range(3))
     verdict = explain(retries + "\nrank 1 joined the process group of 2\nstep 1 loss 0.5\n")
     assert verdict.root is None and not verdict.faults
+
+
+def test_an_mpi_completion_error_is_the_fabrics_not_the_disks() -> None:
+    """Open MPI's OFI MTL names a completion's status with errno's words ("Input/output error")."""
+    verdict = explain("mtl_ofi.h:181: Error returned from fi_cq_read: Input/output error(-5).\n"
+                      "*** The Open MPI OFI MTL is aborting the MPI job (via exit(3)).\n")
+    assert (verdict.category, verdict.rule) == (Category.NETWORK_INFINIBAND, "net.ofi-failure")
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "mlx5_core 0000:b5:00.0: mlx5_health_try_recover:357:(pid 1123): health recovery flow aborted, PCI reads "
+        "still not working",
+        "bond0: now running without any active interface!",
+        "[1732623601.600120] [gpu-node-a17:48213:0]       ib_device.c:530  UCX  DIAG  IB Async event on mlx5_0: "
+        "port error on port 1",
+    ],
+    ids=["mlx5-unrecoverable", "bond-without-slaves", "ucx-port-error"],
+)
+def test_a_local_adapter_or_link_failure_blames_the_node(line: str) -> None:
+    verdict = explain(line + "\nRuntimeError: NCCL communicator was aborted on rank 3.\n")
+    assert (verdict.category, verdict.node_at_fault) == (Category.NETWORK_INFINIBAND, True)
