@@ -79,3 +79,26 @@ def test_a_runtimes_signal_banner_is_the_signal(banner: str, category: Category)
     header = '*** Aborted at 1700000000 (unix time) try "date -d @1700000000" if you are using GNU date ***\n'
     verdict = explain(header + banner + "\n")
     assert verdict.category is category
+
+
+def test_a_ray_train_summary_yields_to_the_workers_own_error() -> None:
+    log = ("(RayTrainWorker pid=4121, ip=10.0.3.7) torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+           "2.00 GiB\nray.train.v2.api.exceptions.WorkerGroupError: Training failed due to worker errors:\n")
+    assert explain(log).category is Category.GPU_MEMORY_OOM
+    alone = explain("ray.tune.error.TuneError: ('Trials did not complete', [TorchTrainer_8f3a2_00000])\n")
+    assert alone.category is Category.OTHER
+
+
+def test_an_external_key_value_store_is_a_service_not_the_fabric_between_ranks() -> None:
+    verdict = explain("redis.exceptions.ConnectionError: Error 111 connecting to redis-master.data.svc.cluster.local"
+                      ":6379. Connection refused.\n")
+    assert (verdict.category, verdict.rule) == (Category.OTHER, "python.external-service")
+
+
+def test_a_ray_health_check_that_retries_is_no_fault_but_a_dead_node_is() -> None:
+    retry = ("[2025-09-14 03:12:43,820 W 4187 4187] (gcs_server) gcs_health_check_manager.cc:108: Health check failed "
+             "for node ac59e9f143, status: RpcError: RPC Error message: failed to connect to all addresses\n")
+    assert explain(retry).category is None
+    dead = explain(retry + "[2025-09-14 03:12:45,880 W 4187 4187] (gcs_server) gcs_health_check_manager.cc:83: Node is "
+                   "dead because the health check failed.\n")
+    assert dead.category is Category.INFRA_K8S
