@@ -57,6 +57,8 @@ cluster-up: setup test-cluster
 
 bench: setup
 	$(BIN)/python -m bench.corpus_accuracy
+	$(BIN)/python -m bench.corpus_accuracy --corpus field
+	$(BIN)/python -m bench.label_agreement
 	$(BIN)/python -m bench.scan_throughput
 	$(BIN)/python -m bench.scan_memory
 	$(BIN)/python -m bench.launcher_latency
