@@ -70,7 +70,7 @@ def _name(category: str | None) -> str:
 
 
 def fatal_accuracy(verdicts: Mapping[str, str | None], truth: Mapping[str, Label]) -> tuple[int, int]:
-    """(right, fatal excerpts): kcover's category against ``truth`` on the excerpts it calls fatal."""
+    """(right, fatal excerpts): kcover's category against ``truth`` on the excerpts ``truth`` calls fatal."""
     fatal = [i for i, label in truth.items() if label.category is not None and i in verdicts]
     return sum(verdicts[i] == truth[i].category for i in fatal), len(fatal)
 
