@@ -39,6 +39,7 @@ from typing import Any
 import psutil
 import torch
 
+from bench.args import existing_dir
 from kcover.checkpoint import Checkpointer, remove_snapshots
 
 MIB = 1 << 20
@@ -350,7 +351,7 @@ def run(size: int, folder: Path, repeats: int) -> list[tuple[str, str, str, bool
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--size-gb", type=float, default=2.0)
-    parser.add_argument("--dir", type=Path, default=None, help="a folder on the disk to measure (default: ./)")
+    parser.add_argument("--dir", type=existing_dir, default=None, help="a folder on the disk to measure (default: ./)")
     parser.add_argument("--repeats", type=int, default=3, help="each noisy figure is the median of this many runs")
     args = parser.parse_args()
     size = int(args.size_gb * (1 << 30))

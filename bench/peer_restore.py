@@ -37,6 +37,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.args import existing_dir
+
 WORKER = Path(__file__).parent / "workers" / "replica_rank.py"
 
 
@@ -146,7 +148,7 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=10, help="a memory snapshot every this many steps")
     parser.add_argument("--rounds", type=int, default=3, help="training runs with the two taking turns")
     parser.add_argument("--width", type=int, default=2048, help="the model's layer width (4 layers)")
-    parser.add_argument("--dir", type=Path, default=None, help="where the checkpoints go (default: a temp dir)")
+    parser.add_argument("--dir", type=existing_dir, default=None, help="where the checkpoints go (default: a temp dir)")
     options = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="kcover-peer-bench-", dir=options.dir))
     shm_root = Path(tempfile.mkdtemp(prefix="kcover-peer-bench-", dir="/dev/shm"))

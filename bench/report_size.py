@@ -21,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.args import existing_dir
 from kcover.launcher.history import History
 from kcover.runreport.build import build_report
 from kcover.runreport.output import browser_command, find_browser
@@ -97,7 +98,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--attempts", type=int, default=1000)
     parser.add_argument("--faults", type=int, default=100_000)
-    parser.add_argument("--dir", type=Path, default=None)
+    parser.add_argument("--dir", type=existing_dir, default=None)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=args.dir) as scratch:
         folder = Path(scratch)

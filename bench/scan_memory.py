@@ -19,6 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bench.args import existing_dir
 from bench.logdata import write_log
 
 
@@ -54,7 +55,7 @@ def main() -> None:
     parser.add_argument("--size-mb", type=int, default=1024)
     parser.add_argument("--line-mb", type=int, default=100)
     parser.add_argument("--distinct-lines", type=int, default=1200)
-    parser.add_argument("--dir", type=Path, default=None)
+    parser.add_argument("--dir", type=existing_dir, default=None)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=args.dir) as folder:
         root = Path(folder)

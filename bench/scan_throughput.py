@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.args import existing_dir
 from bench.ere import catalog_to_ere
 from bench.logdata import write_log
 from bench.ripgrep import SIZE_LIMIT, catalog_to_rust, find_ripgrep, usable
@@ -109,7 +110,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--size-mb", "--megabytes", dest="size_mb", type=float, default=300)
     parser.add_argument("--re-size-mb", type=float, default=32)
-    parser.add_argument("--dir", type=Path, default=None, help="where to write the test log")
+    parser.add_argument("--dir", type=existing_dir, default=None, help="where to write the test log")
     parser.add_argument("--no-install", action="store_true", help="never apt-get install ripgrep")
     parser.add_argument("--runs", type=int, default=2, help="best of this many runs of each tool (≥ 1)")
     args = parser.parse_args()

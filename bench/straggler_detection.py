@@ -33,6 +33,7 @@ import threading
 import time
 from pathlib import Path
 
+from bench.args import existing_dir
 from kcover import sdk
 from kcover.decide.straggler import StragglerDetector
 
@@ -159,7 +160,7 @@ def main() -> None:
     parser.add_argument("--live", action="store_true", help="also a real throttled run (20%%)")
     parser.add_argument("--completion", action="store_true", help="also replace vs report, job completion time")
     parser.add_argument("--completion-steps", type=int, default=800)
-    parser.add_argument("--dir", type=Path, default=None)
+    parser.add_argument("--dir", type=existing_dir, default=None)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=args.dir) as name:
         folder = Path(name)

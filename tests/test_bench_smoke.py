@@ -34,3 +34,16 @@ def test_benchmark_runs(module: str, args: list[str], expect: str, tmp_path: Pat
     )
     assert done.returncode == 0, done.stderr
     assert expect in done.stdout
+
+
+@pytest.mark.parametrize("module", ["bench.scan_throughput", "bench.scan_memory", "bench.report_size"])
+def test_a_missing_dir_is_refused_in_one_line(module: str, tmp_path: Path) -> None:
+    missing = tmp_path / "not-there"
+    done = subprocess.run(
+        [sys.executable, "-m", module, "--dir", str(missing)],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert done.returncode == 2
+    assert f"{missing}: not an existing directory" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not missing.exists()
