@@ -87,8 +87,8 @@ def report(split: str, excerpts: list[Excerpt], second: dict[str, Label], adjudi
             category = explain(excerpt.text).category
             verdicts[excerpt.id] = category.value if category else None
     pairs = [(_name(first[i].category), _name(second[i].category)) for i in both]
-    agree = [i for i in both if first[i].category == second[i].category]
-    settled = {i: adjudicated.get(i, first[i]) if i not in agree else first[i] for i in both}
+    agree = {i for i in both if first[i].category == second[i].category}
+    settled = {i: adjudicated.get(i, first[i]) for i in both}  # only disagreements are adjudicated
     unsettled = sum(1 for i in both if i not in agree and i not in adjudicated)
     machine_pairs = [(_name(first[i].category), _name(verdicts[i])) for i in both]
     print(f"== {split} half: {len(both)} excerpts labelled twice")
