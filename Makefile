@@ -59,6 +59,7 @@ bench: setup
 	$(BIN)/python -m bench.corpus_accuracy
 	$(BIN)/python -m bench.corpus_accuracy --corpus field
 	$(BIN)/python -m bench.label_agreement
+	$(BIN)/python -m bench.unknown_wording
 	$(BIN)/python -m bench.scan_throughput
 	$(BIN)/python -m bench.scan_memory
 	$(BIN)/python -m bench.launcher_latency

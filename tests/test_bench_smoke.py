@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
         ("bench.scan_memory", ["--size-mb", "8", "--line-mb", "3"], "peak RSS"),
         ("bench.corpus_accuracy", [], "fatal category accuracy"),
         ("bench.label_agreement", [], "labellers agree"),
+        ("bench.unknown_wording", [], "with the vocabulary"),
         ("bench.report_size", ["--attempts", "10", "--faults", "100"], "ratio"),
         ("bench.straggler_detection", ["--steps", "60", "--trials", "2", "--healthy-steps", "300"], "ratio"),
         ("bench.auto_timing", ["--rounds", "2", "--steps", "2"], "of the untimed step"),
@@ -26,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
     ],
 )
 def test_benchmark_runs(module: str, args: list[str], expect: str, tmp_path: Path) -> None:
-    no_dir = ("bench.corpus_accuracy", "bench.label_agreement", "bench.auto_timing")
+    no_dir = ("bench.corpus_accuracy", "bench.label_agreement", "bench.unknown_wording", "bench.auto_timing")
     extra = ["--dir", str(tmp_path)] if module not in no_dir else []
     done = subprocess.run(
         [sys.executable, "-m", module, *args, *extra],

@@ -22,6 +22,13 @@ UNRECOGNISED_FAILURE_RULE = "job.unrecognised-failure"
 """No catalog rule: a log that ends in failure no rule names (:mod:`kcover.classify.fallback`).
 Category ``other``, restarted within the user-code retry budget."""
 
+GENERIC_EXCEPTION_RULE = "python.exception"
+"""The catalog's rule for an exception line no specific rule knows: user code, unless its words name
+a layer (:mod:`kcover.classify.vocabulary`); either way restarted within the user-code retry budget."""
+
+USER_BUDGET_RULES = frozenset({UNRECOGNISED_FAILURE_RULE, GENERIC_EXCEPTION_RULE})
+"""Rules whose failures spend the user-code retry budget whatever category they were given."""
+
 
 class Category(StrEnum):
     """What kind of fault this is; decides who must act (operator, vendor, user)."""

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from kcover.classify.fallback import Tail, TailKeeper
+from kcover.classify.fallback import Tail, TailKeeper, lines_before
 from kcover.classify.matcher import Hit
-from kcover.classify.rules import Rule
+from kcover.classify.rules import UNLESS_AFTER_LINES, Rule
+from kcover.classify.vocabulary import layer_of
 from kcover.collect.lines import LogLine, evidence_text, line_shape
 from kcover.collect.sources import SourceInfo
 from kcover.faults import Evidence, Fault
@@ -30,17 +31,24 @@ MAX_DISTINCT = 20
 
 
 def fault_from_rule(rule: Rule, evidence: Evidence, count: int = 1) -> Fault:
-    """A :class:`Fault` for ``rule`` seen as ``evidence``."""
+    """A :class:`Fault` for ``rule`` seen as ``evidence``.
+
+    A generic rule (``refine_by_words``) takes the category its line's words
+    name, if they name one (:func:`~kcover.classify.vocabulary.layer_of`); the
+    rest of the rule (retries, blame) stays.
+    """
     spec = rule.spec
+    category = (layer_of([evidence.line]) if spec.refine_by_words else None) or spec.category
+    title = spec.title if category is spec.category else f"{spec.title}; its words name {category.value}"
     return Fault(
         rule=spec.id,
-        category=spec.category,
+        category=category,
         severity=spec.severity,
         retriable=spec.retriable,
         node_at_fault=spec.node_at_fault,
         role=spec.role,
         priority=spec.priority,
-        title=spec.title,
+        title=title,
         remediation=spec.remediation.strip(),
         evidence=evidence,
         count=count,
@@ -75,6 +83,8 @@ class FaultCollector:
         self._distinct: dict[tuple[str, str], int] = {}
         self._last_key: dict[tuple[str, str], tuple[str, str, str]] = {}
         self._tails: dict[SourceInfo, TailKeeper] = {}
+        self._excusable: dict[tuple[str, str, str], Rule] = {}
+        """The faults whose rule has ``unless_after`` lines, to check against the tail at the end."""
 
     def add_hit(self, source: SourceInfo, hit: Hit) -> Fault | None:
         """Record one hit; returns the new fault, or ``None`` when it only raised a count."""
@@ -95,6 +105,8 @@ class FaultCollector:
             return None
         fault = fault_from_rule(rule, evidence)
         self._faults[key] = fault
+        if rule.unless_after:
+            self._excusable[key] = rule
         self._counts[key] = 1
         self._distinct[group] = self._distinct.get(group, 0) + 1
         self._last_key[group] = key
@@ -114,8 +126,30 @@ class FaultCollector:
 
     @property
     def faults(self) -> list[Fault]:
-        """Every distinct fault with its repeat count, in first-seen order."""
+        """Every distinct fault with its repeat count, in first-seen order.
+
+        A fault whose rule names ``unless_after`` lines is left out when one of
+        them came shortly before it in the kept end of its log (the program
+        logged that exception and went on).
+        """
+        excused = self._excused()
         return [
             replace(fault, count=self._counts[key]) if self._counts[key] != fault.count else fault
             for key, fault in self._faults.items()
+            if key not in excused
         ]
+
+    def _excused(self) -> set[tuple[str, str, str]]:
+        if not self._excusable:
+            return set()
+        tails = {source.name: keeper.tail() for source, keeper in self._tails.items()}
+        excused = set()
+        for key, rule in self._excusable.items():
+            evidence = self._faults[key].evidence
+            tail = tails.get(evidence.source)
+            if tail is None or evidence.line_number is None:
+                continue
+            before = lines_before(tail, evidence.line_number, UNLESS_AFTER_LINES)
+            if any(regex.search(line) for line in before for regex in rule.unless_after):
+                excused.add(key)
+        return excused

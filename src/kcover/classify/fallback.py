@@ -4,9 +4,12 @@ When no rule matches but a log plainly ends in failure (a Python exception
 line closing a traceback, a fatal or error line of a known logger format, an
 abort banner, a non-zero exit noted in the log), the job did fail and "no
 fault" would be wrong.  This module finds that line and makes it the evidence
-of a fault of category ``other`` (rule :data:`~kcover.faults.UNRECOGNISED_FAILURE_RULE`),
-retriable, whose restarts the recovery policy counts against the user-code
-retry budget.
+of a fault of rule :data:`~kcover.faults.UNRECOGNISED_FAILURE_RULE`, retriable,
+whose restarts the recovery policy counts against the user-code retry budget.
+Its category is ``other``, or the layer that the words of the line (and of the
+lines after it that say more, such as a C++ exception's ``what():``) name
+(:mod:`kcover.classify.vocabulary`): "the NCCL communicator was poisoned" is
+an NCCL failure even in a sentence no rule knows.
 
 It is cheap by construction: while the scanner streams a source it only keeps
 the last :data:`TAIL_BYTES` of it (:class:`TailKeeper`, an append per block), and the
@@ -22,6 +25,10 @@ Reading a tail, from its last line backwards:
 - a line that shows the job went on (a training step, a loss, a progress bar,
   "retrying", "continuing", "saved checkpoint") ends the final stretch: a
   caught-and-logged traceback followed by more steps is not a failure;
+- a log whose last line says something failed in a layer's words
+  (``NVRM: … RmInitAdapter failed!``, an excerpt pasted without any logger
+  level) ended in that failure, unless the line is informational (an ``INFO``
+  or ``WARN`` level, a corrected error, a counter at zero) or says it recovers;
 - epilogue lines (traceback frames, separators, torchrun's failure summary,
   ``wandb:`` sync lines, teardown warnings) are passed over; at most
   :data:`SLACK_LINES` other lines are, so a log that ends in ordinary chatter
@@ -48,6 +55,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 
 from kcover.classify.exit_codes import FALLBACK_RULE
+from kcover.classify.vocabulary import layer_of
 from kcover.collect.lines import LogLine, evidence_text, parse_line
 from kcover.collect.sources import SourceInfo
 from kcover.faults import UNRECOGNISED_FAILURE_RULE, Category, Evidence, Fault, Role, Severity
@@ -61,8 +69,9 @@ SLACK_LINES = 4
 _MATCH_CHARS = 2000
 """Only this much of a line is given to a regex: the signs sit at its head."""
 
-EXIT_REPORT_RULES = frozenset({FALLBACK_RULE, "torch.elastic-child-failed"})
-"""Catalog rules that only report a non-zero exit, not its cause: a tail's failure line may explain them."""
+EXIT_REPORT_RULES = frozenset({FALLBACK_RULE, "torch.elastic-child-failed", "python.fatal-error"})
+"""Catalog rules that only report that the program died (a non-zero exit, an uncaught C++ exception whose
+``what():`` no rule knows), not why: a tail's failure line may explain them."""
 
 TITLE = "Failure no rule recognises (the log ends in an error)"
 REMEDIATION = (
@@ -138,6 +147,7 @@ _NOT_FAILURE_NAME = re.compile(
 _CHILD_FAILED = re.compile(r"^(?:\w+\.)*ChildFailedError\b")
 """torchrun's report that a worker exited non-zero: an exit status, the worker's own lines say why."""
 _FRAME = re.compile(r'^\s+File "|^Traceback \(most recent call last\)')
+_WHAT = re.compile(r"^\s*what\(\):")
 _TRACEBACK = re.compile(r"^Traceback \(most recent call last\):$")
 _GLOG_FATAL = re.compile(
     r"^(?:"
@@ -203,6 +213,19 @@ _EPILOGUE = re.compile(
     r"|^(?:time|host|rank|local_rank|exitcode|error_file|traceback|pid)\s*:"
     r"|^(?:Failures|Root Cause|Other Failures)\b|<NO_OTHER_FAILURES>|^\[\d+\]:?$"
 )
+
+
+_FAILURE_WORD = re.compile(
+    r"(?i)\b(?:error|failed|failure|fatal|abort(?:ed|ing)?|crash(?:ed)?|unrecoverable|uncorrectable)\b"
+)
+_INFORMATIONAL = re.compile(
+    r"(?i)\b(?:INFO|WARN|WARNING|NOTICE|DEBUG)\b|^\[?W\d{4}|^\[W |:\s*0\s*$|\b0 errors?\b"
+    r"|\b(?:corrected|correctable|CE)\b"
+)
+"""An informational line (a level below error, a counter table's zero, an error corrected by the hardware).
+
+Its failure words are not a failure.
+"""
 
 
 def strip_stamp(text: str) -> str:
@@ -280,6 +303,24 @@ def _ends_in_failure(texts: list[str]) -> int | None:
     return best[1] if best and kinds != {Kind.ERROR} else None
 
 
+def _last_line_names_layer(texts: list[str]) -> int | None:
+    """Index of the last line when it is a failure sentence in a layer's words, else ``None``.
+
+    A log (or a pasted excerpt) that stops on ``NVRM: GPU 0000:81:00.0:
+    RmInitAdapter failed!`` ended in that failure even without a logger level:
+    the last non-blank line counts alone when it says something failed, is not
+    at an informational level, does not go on or recover, and names a layer
+    (:func:`~kcover.classify.vocabulary.layer_of`).
+    """
+    last = next((index for index in range(len(texts) - 1, -1, -1) if texts[index].strip()), None)
+    if last is None:
+        return None
+    head = strip_stamp(texts[last])
+    if not _FAILURE_WORD.search(head) or _INFORMATIONAL.search(head) or _RECOVERY.search(head) or _goes_on(head):
+        return None
+    return last if layer_of([head]) is not None else None
+
+
 def _tail_lines(tail: Tail) -> tuple[list[LogLine], int]:
     """The decoded whole lines of a tail (at most :data:`TAIL_LINES`) and the number of the first one."""
     raw = tail.data.split(b"\n")
@@ -293,20 +334,45 @@ def _tail_lines(tail: Tail) -> tuple[list[LogLine], int]:
     return [parse_line(line[: _MATCH_CHARS * 2]) for line in raw[skipped:]], first + skipped
 
 
-def failure_line(tail: Tail) -> tuple[LogLine, int, Kind] | None:
-    """The line that shows a source ended in failure, its line number and kind; ``None`` when it did not."""
+def _told_after(texts: list[str], index: int) -> tuple[str, ...]:
+    """The lines after line ``index`` that say more about it: a C++ exception's ``what():``, plain text.
+
+    Frames, source lines and the other epilogue lines are left out: they hold
+    the program's words, not the failure's.
+    """
+    return tuple(text for text in texts[index + 1 :] if _WHAT.match(text) or not _EPILOGUE.match(text))
+
+
+def lines_before(tail: Tail, line_number: int, count: int) -> list[str]:
+    """The messages of up to ``count`` lines before line ``line_number`` of the log, those the tail holds."""
+    lines, first = _tail_lines(tail)
+    end = line_number - first
+    return [line.message for line in lines[max(0, end - count) : max(0, end)]]
+
+
+def failure_line(tail: Tail) -> tuple[LogLine, int, Kind, tuple[str, ...]] | None:
+    """The line that shows a source ended in failure, its line number, kind and the lines that say more about it.
+
+    ``None`` when the source did not end in failure.
+    """
     lines, first = _tail_lines(tail)
     texts = [line.message[:_MATCH_CHARS] for line in lines]
     index = _ends_in_failure(texts)
     if index is None:
+        index = _last_line_names_layer(texts)
+    if index is None:
         return None
-    kind = kind_of(texts, index)
-    assert kind is not None
-    return lines[index], first + index, kind
+    kind = kind_of(texts, index) or Kind.ERROR
+    return lines[index], first + index, kind, _told_after(texts, index)
 
 
-def unrecognised_fault(source: SourceInfo, line: LogLine, line_number: int) -> Fault:
-    """The fault for a failure no rule named, seen as ``line`` of ``source``."""
+def unrecognised_fault(source: SourceInfo, line: LogLine, line_number: int, after: Sequence[str] = ()) -> Fault:
+    """The fault for a failure no rule named, seen as ``line`` of ``source`` (``after``: the lines that say more).
+
+    Its category is ``other`` unless the words of these lines name a layer
+    (:func:`~kcover.classify.vocabulary.layer_of`).
+    """
+    category = layer_of([line.message, *after]) or Category.OTHER
     evidence = Evidence(
         source=source.name,
         line=evidence_text(line.text),
@@ -317,13 +383,13 @@ def unrecognised_fault(source: SourceInfo, line: LogLine, line_number: int) -> F
     )
     return Fault(
         rule=UNRECOGNISED_FAILURE_RULE,
-        category=Category.OTHER,
+        category=category,
         severity=Severity.FATAL,
         retriable=True,
         node_at_fault=False,
         role=Role.ROOT,
         priority=PRIORITY,
-        title=TITLE,
+        title=TITLE if category is Category.OTHER else f"{TITLE}; its words name {category.value}",
         remediation=REMEDIATION,
         evidence=evidence,
     )
@@ -352,5 +418,5 @@ def fallback_faults(tails: Mapping[SourceInfo, Tail], *, beyond_exit: bool = Fal
         found = failure_line(tail)
         if found is None or (beyond_exit and found[2] is Kind.EXIT):
             continue
-        faults.append(unrecognised_fault(source, found[0], found[1]))
+        faults.append(unrecognised_fault(source, found[0], found[1], found[3]))
     return faults

@@ -48,6 +48,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from kcover.classify.diskcache import read_cached, write_cached
 from kcover.faults import Action, Category, Role, Severity
 
+UNLESS_AFTER_LINES = 60
+"""How far back a rule's ``unless_after`` lines are looked for (a logged traceback is shorter)."""
+
 MAX_CATALOG_BYTES = 4 << 20
 """Largest catalog file read (the shipped files are about 20 KB each)."""
 
@@ -72,15 +75,20 @@ class RuleSpec(BaseModel):
     patterns: list[str] = Field(default_factory=list)
     ignore_case: bool = False
     unless: list[str] = Field(default_factory=list)
+    unless_after: list[str] = Field(default_factory=list)
+    """A line within :data:`UNLESS_AFTER_LINES` before this one, in the same log, that makes it no fault
+    (the program logged the exception and went on); checked on each log's kept end."""
     prefilter: list[str] = Field(default_factory=list)
     priority: int = Field(default=50, ge=0, le=100)
     action: Action | None = None
     exit_codes: list[int] = Field(default_factory=list)
+    refine_by_words: bool = False
+    """A generic rule (no layer in its sentence): the layer its line's words name may replace its category."""
     reasons: list[str] = Field(default_factory=list)
     examples: list[str] = Field(default_factory=list)
     counter_examples: list[str] = Field(default_factory=list)
 
-    @field_validator("patterns", "unless", "prefilter")
+    @field_validator("patterns", "unless", "unless_after", "prefilter")
     @classmethod
     def _regexes_compile(cls, value: list[str], info: ValidationInfo) -> list[str]:
         if info.context is _CHECKED:
@@ -151,6 +159,7 @@ class Rule:
     source: str
     regexes: Sequence[re.Pattern[str]]
     unless: Sequence[re.Pattern[str]]
+    unless_after: Sequence[re.Pattern[str]] = ()
 
     @property
     def id(self) -> str:
@@ -194,6 +203,7 @@ def _build(spec: RuleSpec, source: str) -> Rule:
         source=source,
         regexes=LazyRegexes(spec.patterns, flags),
         unless=LazyRegexes(spec.unless, flags),
+        unless_after=LazyRegexes(spec.unless_after, flags),
     )
 
 
@@ -214,7 +224,7 @@ def _check_regexes(spec: RuleSpec, source: str) -> None:
     """Refuse a pattern that could take super-linear time or match the empty string."""
     from kcover.classify.lint import regex_problem  # only when a catalog is checked, not read from the cache
 
-    for field in ("patterns", "unless", "prefilter"):
+    for field in ("patterns", "unless", "unless_after", "prefilter"):
         for pattern in getattr(spec, field):
             problem = regex_problem(pattern, spec.ignore_case)
             if problem is not None:

@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-from kcover.faults import UNRECOGNISED_FAILURE_RULE, Action, Category, Verdict
+from kcover.faults import UNRECOGNISED_FAILURE_RULE, USER_BUDGET_RULES, Action, Category, Verdict
 
 
 @dataclass(frozen=True)
@@ -101,8 +101,8 @@ def backoff(policy: RecoveryPolicy, restarts: int) -> float:
 
 
 def _on_user_budget(failure: PastFailure) -> bool:
-    """Whether an earlier failure spent the user-code retry budget (user code, or unrecognised)."""
-    return failure.category is Category.USER_CODE or failure.rule == UNRECOGNISED_FAILURE_RULE
+    """Whether a failure spends the user-code retry budget (user code, unrecognised, a generic exception)."""
+    return failure.category is Category.USER_CODE or failure.rule in USER_BUDGET_RULES
 
 
 def decide(policy: RecoveryPolicy, state: RecoveryState, end: AttemptEnd) -> tuple[Decision, RecoveryState]:
@@ -117,7 +117,7 @@ def decide(policy: RecoveryPolicy, state: RecoveryState, end: AttemptEnd) -> tup
 
     if state.restarts >= policy.max_restarts:
         return fail(f"retry budget exhausted after {state.restarts} restart(s); last: {what}")
-    if verdict.action is Action.FAIL and verdict.category is not Category.USER_CODE:
+    if verdict.action is Action.FAIL and not _on_user_budget(failure):
         return fail(f"not retriable: {what}")
     unrecognised = verdict.rule == UNRECOGNISED_FAILURE_RULE
     if verdict.action is Action.FAIL or unrecognised:

@@ -1,0 +1,102 @@
+"""A fault the program logged and survived: a rule's ``unless_after`` lines, and torchelastic's exit barrier.
+
+torchelastic's agent waits at an exit barrier after its workers finished; past
+the timeout it logs the store's ``Socket Timeout`` traceback with
+``logger.exception`` and returns success.  That store timeout is no fault
+(``torch.store-timeout`` names ``Error waiting on exit barrier`` in
+``unless_after``); the barrier itself is a degraded sign with no action.  The
+same timeout without that line, after it by more than the window, or before it,
+is still a fault; a user catalog's ``unless_after`` pattern is held to the
+linear-time check like any other.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tests.classify.test_fallback import STEPS
+
+from kcover import Action, Category, explain
+from kcover.classify.fallback import TAIL_BYTES
+from kcover.classify.rules import UNLESS_AFTER_LINES
+from kcover.faults import Severity
+
+BARRIER = (
+    "INFO:torch.distributed.elastic.agent.server.api:Local worker group finished (WorkerState.SUCCEEDED). "
+    "Waiting 300 seconds for other agents to finish\n"
+    "ERROR:torch.distributed.elastic.agent.server.api:Error waiting on exit barrier. Elapsed: 300.048 seconds\n"
+    "Traceback (most recent call last):\n"
+    '  File "/opt/torch/distributed/elastic/agent/server/api.py", line 906, in _exit_barrier\n'
+    "    store_util.barrier(\n"
+    '  File "/opt/torch/distributed/elastic/utils/store.py", line 78, in barrier\n'
+    "    synchronize(store, data, rank, world_size, key_prefix, barrier_timeout)\n"
+)
+TIMEOUTS = ["torch.distributed.DistStoreError: Socket Timeout\n", "RuntimeError: Socket Timeout\n"]
+
+
+@pytest.mark.parametrize("timeout", TIMEOUTS, ids=["DistStoreError", "RuntimeError"])
+def test_the_exit_barriers_store_timeout_is_no_fault(timeout: str) -> None:
+    verdict = explain(STEPS + BARRIER + timeout)
+    assert verdict.rule == "torch.exit-barrier-timeout"
+    assert verdict.root is not None and verdict.root.severity is Severity.DEGRADED
+    assert verdict.action is Action.NONE
+    assert all(fault.rule != "torch.store-timeout" for fault in verdict.faults)
+
+
+@pytest.mark.parametrize("timeout", TIMEOUTS, ids=["DistStoreError", "RuntimeError"])
+def test_the_same_store_timeout_elsewhere_is_a_fault(timeout: str) -> None:
+    alone = explain(STEPS + timeout)
+    assert alone.rule == "torch.store-timeout" and alone.action is Action.RESTART
+    far = explain(STEPS + BARRIER + "".join(f"rank 0 exporting shard {n}\n" for n in range(UNLESS_AFTER_LINES))
+                  + timeout)
+    assert far.rule == "torch.store-timeout"
+    before = explain(STEPS + timeout + BARRIER.splitlines(keepends=True)[1])
+    assert before.rule == "torch.store-timeout"
+    assert before.category is Category.COLLECTIVE_TIMEOUT_HANG
+
+
+def test_a_fault_outside_the_kept_end_is_never_excused() -> None:
+    filler = "".join(f"rank 0 exporting shard {n:08d} of the final model\n" for n in range(TAIL_BYTES // 40))
+    text = STEPS + BARRIER + "RuntimeError: Socket Timeout\n" + filler
+    assert explain(text).rule == "torch.store-timeout"  # its lines before are no longer kept: it stays a fault
+
+
+CATALOG = """
+rules:
+  - id: my.rule
+    title: mine
+    category: storage_io
+    severity: fatal
+    retriable: true
+    node_at_fault: false
+    role: root
+    remediation: fix it
+    patterns: ['shard \\d+ unreadable']
+    unless_after: [{unless_after}]
+"""
+
+
+def _explain(tmp_path: Path, unless_after: str, log_text: str) -> subprocess.CompletedProcess[str]:
+    catalog = tmp_path / "mine.yaml"
+    catalog.write_text(CATALOG.format(unless_after=unless_after), encoding="utf-8")
+    log = tmp_path / "x.log"
+    log.write_text(log_text, encoding="utf-8")
+    command = [sys.executable, "-m", "kcover", "explain", "--json", "--catalog", str(catalog), str(log)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_a_user_catalog_can_excuse_a_fault_the_program_survives(tmp_path: Path) -> None:
+    excused = _explain(tmp_path, "'retrying the read of shard'", "retrying the read of shard 7\nshard 7 unreadable\n")
+    assert excused.returncode == 0, excused.stderr
+    assert '"my.rule"' not in excused.stdout
+    counted = _explain(tmp_path, "'retrying the read of shard'", "shard 7 unreadable\n")
+    assert '"my.rule"' in counted.stdout
+
+
+def test_a_backtracking_unless_after_pattern_is_refused_naming_the_field(tmp_path: Path) -> None:
+    done = _explain(tmp_path, "'(a+)+$'", "shard 7 unreadable\n")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "field 'unless_after'" in done.stderr and "'my.rule'" in done.stderr
