@@ -16,9 +16,10 @@ once flagged 77 nodes).  The rules here are few and explicit:
 4. With only cascade symptoms, the earliest of highest priority stands as the
    root, and nobody is blamed.
 5. When no rule explains the failure (no fatal fault, or only reports of a
-   non-zero exit) but a source's log ends in failure, that source's last
-   fatal-looking line is the root (:mod:`kcover.classify.fallback`, category
-   ``other``); it never changes a verdict that a rule explains.
+   non-zero exit or of an uncaught C++ exception) but a source's log ends in
+   failure, that source's last fatal-looking line is the root
+   (:mod:`kcover.classify.fallback`: category ``other``, or the layer its words
+   name); it never changes a verdict that a rule explains.
 
 Pure computation: no I/O, no clock.  Used by ``kcover explain``, the local
 launcher and the Kubernetes operator alike.
