@@ -23,6 +23,7 @@ from kcover.decide.policy import AttemptEnd, DecisionKind, RecoveryPolicy, Recov
 from kcover.faults import GENERIC_EXCEPTION_RULE, UNRECOGNISED_FAILURE_RULE
 
 LAYERS = shipped_vocabulary().layers
+LAST_LINE = {"failure": ["failed"], "examples": ["NCCL failed"]}
 
 
 @pytest.mark.parametrize("layer", LAYERS, ids=lambda layer: layer.spec.category.value)
@@ -77,7 +78,10 @@ def test_only_the_head_of_a_long_line_is_read_and_quickly() -> None:
 
 
 def test_a_pattern_that_could_backtrack_is_refused_naming_the_layer() -> None:
-    table = {"layers": [{"category": "nccl_communication", "words": [r"(\w+\s?)*NCCL"], "examples": ["NCCL"]}]}
+    table = {
+        "layers": [{"category": "nccl_communication", "words": [r"(\w+\s?)*NCCL"], "examples": ["NCCL"]}],
+        "last_line": LAST_LINE,
+    }
     with pytest.raises(ValueError, match=r"vocabulary\.yaml: nccl_communication: pattern .* (repeat|nested)"):
         parse_vocabulary(yaml.safe_dump(table))
 

@@ -27,8 +27,9 @@ Reading a tail, from its last line backwards:
   caught-and-logged traceback followed by more steps is not a failure;
 - a log whose last line says something failed in a layer's words
   (``NVRM: … RmInitAdapter failed!``, an excerpt pasted without any logger
-  level) ended in that failure, unless the line is informational (an ``INFO``
-  or ``WARN`` level, a corrected error, a counter at zero) or says it recovers;
+  level) ended in that failure, unless the line has a shape healthy output
+  has (a warning level, a counter at zero, an option's help, a shell trace:
+  ``last_line`` in ``vocabulary.yaml``) or says it recovers;
 - epilogue lines (traceback frames, separators, torchrun's failure summary,
   ``wandb:`` sync lines, teardown warnings) are passed over; at most
   :data:`SLACK_LINES` other lines are, so a log that ends in ordinary chatter
@@ -55,7 +56,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 
 from kcover.classify.exit_codes import FALLBACK_RULE
-from kcover.classify.vocabulary import layer_of
+from kcover.classify.vocabulary import layer_of, says_failed
 from kcover.collect.lines import LogLine, evidence_text, parse_line
 from kcover.collect.sources import SourceInfo
 from kcover.faults import UNRECOGNISED_FAILURE_RULE, Category, Evidence, Fault, Role, Severity
@@ -215,19 +216,6 @@ _EPILOGUE = re.compile(
 )
 
 
-_FAILURE_WORD = re.compile(
-    r"(?i)\b(?:error|failed|failure|fatal|abort(?:ed|ing)?|crash(?:ed)?|unrecoverable|uncorrectable)\b"
-)
-_INFORMATIONAL = re.compile(
-    r"(?i)\b(?:INFO|WARN|WARNING|NOTICE|DEBUG)\b|^\[?W\d{4}|^\[W |:\s*0\s*$|\b0 errors?\b"
-    r"|\b(?:corrected|correctable|CE)\b"
-)
-"""An informational line (a level below error, a counter table's zero, an error corrected by the hardware).
-
-Its failure words are not a failure.
-"""
-
-
 def strip_stamp(text: str) -> str:
     """The line without a leading timestamp (where logger levels and exception names begin)."""
     return _STAMP.sub("", text, count=1)
@@ -308,15 +296,17 @@ def _last_line_names_layer(texts: list[str]) -> int | None:
 
     A log (or a pasted excerpt) that stops on ``NVRM: GPU 0000:81:00.0:
     RmInitAdapter failed!`` ended in that failure even without a logger level:
-    the last non-blank line counts alone when it says something failed, is not
-    at an informational level, does not go on or recover, and names a layer
+    the last non-blank line counts alone when it says something failed in none
+    of the shapes of healthy output (:func:`~kcover.classify.vocabulary.says_failed`:
+    not a warning, a counter at zero, an option's help, a shell trace …), does
+    not go on or recover, and names a layer
     (:func:`~kcover.classify.vocabulary.layer_of`).
     """
     last = next((index for index in range(len(texts) - 1, -1, -1) if texts[index].strip()), None)
     if last is None:
         return None
     head = strip_stamp(texts[last])
-    if not _FAILURE_WORD.search(head) or _INFORMATIONAL.search(head) or _RECOVERY.search(head) or _goes_on(head):
+    if not says_failed(head) or _RECOVERY.search(head) or _goes_on(head):
         return None
     return last if layer_of([head]) is not None else None
 

@@ -46,13 +46,25 @@ class LayerSpec(BaseModel):
     counter_examples: list[str] = Field(default_factory=list)
 
 
+class LastLineSpec(BaseModel):
+    """The words of a last line that says something failed, and the shapes of lines that never fail."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    failure: list[str] = Field(min_length=1)
+    not_failure: list[str] = Field(default_factory=list)
+    examples: list[str] = Field(min_length=1)
+    counter_examples: list[str] = Field(default_factory=list)
+
+
 class VocabularySpec(BaseModel):
-    """The whole table: lines never re-categorised, then the layers in the order they are tried."""
+    """The whole table: lines never re-categorised, the layers in the order they are tried, the last-line words."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     keep: list[str] = Field(default_factory=list)
     layers: list[LayerSpec] = Field(min_length=1)
+    last_line: LastLineSpec
 
 
 @dataclass(frozen=True)
@@ -74,6 +86,8 @@ class Vocabulary:
 
     keep: tuple[re.Pattern[str], ...]
     layers: tuple[Layer, ...]
+    failure: tuple[re.Pattern[str], ...]
+    not_failure: tuple[re.Pattern[str], ...]
 
 
 def _compiled(patterns: Sequence[str], where: str) -> tuple[re.Pattern[str], ...]:
@@ -91,7 +105,12 @@ def parse_vocabulary(text: str) -> Vocabulary:
         Layer(layer, _compiled(layer.words, layer.category.value), _compiled(layer.unless, layer.category.value))
         for layer in spec.layers
     )
-    return Vocabulary(_compiled(spec.keep, "keep"), layers)
+    return Vocabulary(
+        _compiled(spec.keep, "keep"),
+        layers,
+        _compiled(spec.last_line.failure, "last_line.failure"),
+        _compiled(spec.last_line.not_failure, "last_line.not_failure"),
+    )
 
 
 @cache
@@ -116,3 +135,18 @@ def layer_of(texts: Sequence[str], vocabulary: Vocabulary | None = None) -> Cate
             if layer.named_by(head):
                 return layer.spec.category
     return None
+
+
+def says_failed(text: str, vocabulary: Vocabulary | None = None) -> bool:
+    """Whether a line, read alone, says something failed: a failure word, in none of the shapes that never fail.
+
+    The test of the fallback's last-line rule (``last_line`` in
+    ``vocabulary.yaml``): ``RmInitAdapter failed!`` says so; ``Uncorrectable
+    Error : N/A``, ``0 failed``, ``[W310 …] … has failed to connect`` and
+    ``--abort-on-error  Abort when …`` do not.
+    """
+    table = vocabulary or shipped_vocabulary()
+    head = text[:MATCH_CHARS]
+    if not any(word.search(head) for word in table.failure):
+        return False
+    return not any(shape.search(head) for shape in table.not_failure)
