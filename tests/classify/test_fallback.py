@@ -213,13 +213,15 @@ def test_a_rule_that_explains_the_end_is_never_overridden(text: str, category: C
     assert rule is None or verdict.rule == rule
 
 
-def test_a_degraded_sign_is_kept_not_overridden() -> None:
+def test_a_degraded_sign_does_not_hide_a_failed_end_but_stays_named() -> None:
     degraded = "NVRM: Xid (PCI:0000:3b:00): 92, High single-bit ECC error rate\n"
-    assert explain(degraded).root is not None
-    assert explain(degraded).root.severity is Severity.DEGRADED
+    alone = explain(STEPS + degraded)
+    assert alone.root is not None and alone.root.severity is Severity.DEGRADED and alone.action is Action.NONE
     verdict = explain(STEPS + degraded + TRACEBACK + "Exception: boom\n")
-    assert verdict.rule == "xid.92.high-sbe-rate"
-    assert verdict.rule != UNRECOGNISED_FAILURE_RULE
+    assert verdict.rule == UNRECOGNISED_FAILURE_RULE and verdict.action is Action.RESTART
+    assert "xid.92.high-sbe-rate" in [fault.rule for fault in verdict.faults]
+    went_on = explain(STEPS + degraded + TRACEBACK + "Exception: boom\n" + STEPS)  # caught, and training went on
+    assert went_on.rule == "xid.92.high-sbe-rate" and went_on.action is Action.NONE
 
 
 def test_only_the_failing_rank_is_implicated(tmp_path: Path) -> None:

@@ -20,7 +20,8 @@ import pytest
 from tests.classify.test_fallback import STEPS
 
 from kcover import Action, Category, explain
-from kcover.classify.fallback import TAIL_BYTES
+from kcover.classify.collector import MAX_EXCUSED_REPEATS
+from kcover.classify.fallback import TAIL_BYTES, TAIL_LINES
 from kcover.classify.rules import UNLESS_AFTER_LINES
 from kcover.faults import Severity
 
@@ -62,6 +63,29 @@ def test_a_fault_outside_the_kept_end_is_never_excused() -> None:
     filler = "".join(f"rank 0 exporting shard {n:08d} of the final model\n" for n in range(TAIL_BYTES // 40))
     text = STEPS + BARRIER + "RuntimeError: Socket Timeout\n" + filler
     assert explain(text).rule == "torch.store-timeout"  # its lines before are no longer kept: it stays a fault
+
+
+def test_every_repeat_must_be_excused_not_only_the_first() -> None:
+    timeout = "RuntimeError: Socket Timeout\n"
+    real_then_excused = STEPS + timeout + "rank 0 saving the final model\n" * 20 + BARRIER + timeout
+    verdict = explain(real_then_excused)
+    assert verdict.rule == "torch.store-timeout" and verdict.action is Action.RESTART
+    both_excused = STEPS + BARRIER + timeout + BARRIER + timeout
+    assert explain(both_excused).rule == "torch.exit-barrier-timeout"
+
+
+def test_a_flood_of_the_same_fault_is_never_excused() -> None:
+    barrier_line = BARRIER.splitlines(keepends=True)[1]
+    flood = (barrier_line + "RuntimeError: Socket Timeout\n") * (MAX_EXCUSED_REPEATS + 2)
+    assert len(flood) < TAIL_BYTES and flood.count("\n") < TAIL_LINES  # all kept: only the count refuses
+    assert explain(STEPS + flood).rule == "torch.store-timeout"
+
+
+def test_the_fallback_does_not_take_back_an_excused_line() -> None:
+    # the log ends in the excused traceback: the end-of-log fallback must not call it a failure
+    verdict = explain(STEPS + BARRIER + "torch.distributed.DistStoreError: Socket Timeout\n")
+    assert verdict.action is Action.NONE
+    assert all(fault.severity is Severity.DEGRADED for fault in verdict.faults)
 
 
 CATALOG = """

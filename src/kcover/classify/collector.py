@@ -28,6 +28,8 @@ from kcover.collect.sources import SourceInfo
 from kcover.faults import Evidence, Fault
 
 MAX_DISTINCT = 20
+MAX_EXCUSED_REPEATS = 8
+"""A fault seen more often than this is never excused: a flood is not one line logged on the way out."""
 
 
 def fault_from_rule(rule: Rule, evidence: Evidence, count: int = 1) -> Fault:
@@ -85,12 +87,15 @@ class FaultCollector:
         self._tails: dict[SourceInfo, TailKeeper] = {}
         self._excusable: dict[tuple[str, str, str], Rule] = {}
         """The faults whose rule has ``unless_after`` lines, to check against the tail at the end."""
+        self._seen_at: dict[tuple[str, str, str], list[int]] = {}
+        """For those faults, the line number of every occurrence (each must be excused)."""
 
     def add_hit(self, source: SourceInfo, hit: Hit) -> Fault | None:
         """Record one hit; returns the new fault, or ``None`` when it only raised a count."""
         key = (source.name, hit.rule.id, line_shape(hit.line.text))
         if key in self._counts:
             self._counts[key] += 1
+            self._note_seen(key, hit.line_number)
             return None
         return self.add(hit.rule, evidence_of(source, hit), key[2])
 
@@ -102,15 +107,23 @@ class FaultCollector:
             key = self._last_key[group]
         if key in self._counts:
             self._counts[key] += 1
+            self._note_seen(key, evidence.line_number)
             return None
         fault = fault_from_rule(rule, evidence)
         self._faults[key] = fault
         if rule.unless_after:
             self._excusable[key] = rule
+            self._seen_at[key] = []
+            self._note_seen(key, evidence.line_number)
         self._counts[key] = 1
         self._distinct[group] = self._distinct.get(group, 0) + 1
         self._last_key[group] = key
         return fault
+
+    def _note_seen(self, key: tuple[str, str, str], line_number: int | None) -> None:
+        seen = self._seen_at.get(key)
+        if seen is not None and line_number is not None and len(seen) <= MAX_EXCUSED_REPEATS:
+            seen.append(line_number)
 
     def keep_tail(self, source: SourceInfo, block: bytes, lines: int) -> None:
         """Remember the end of ``source`` after one more cleaned block (``lines``: line breaks read so far)."""
@@ -121,16 +134,28 @@ class FaultCollector:
 
     @property
     def tails(self) -> dict[SourceInfo, Tail]:
-        """The last bytes of every source seen through :meth:`keep_tail`."""
-        return {source: keeper.tail() for source, keeper in self._tails.items()}
+        """The last bytes of every source seen through :meth:`keep_tail`, with the lines it survived.
+
+        The lines of an excused fault are marked survived
+        (:attr:`~kcover.classify.fallback.Tail.survived`), so the fallback does
+        not take back what the rule excused.
+        """
+        survived: dict[str, set[int]] = {}
+        for key in self._excused():
+            survived.setdefault(key[0], set()).update(self._seen_at[key])
+        return {
+            source: replace(keeper.tail(), survived=frozenset(survived.get(source.name, ())))
+            for source, keeper in self._tails.items()
+        }
 
     @property
     def faults(self) -> list[Fault]:
         """Every distinct fault with its repeat count, in first-seen order.
 
         A fault whose rule names ``unless_after`` lines is left out when one of
-        them came shortly before it in the kept end of its log (the program
-        logged that exception and went on).
+        them came shortly before each of its occurrences, all in the kept end of
+        its log (the program logged that exception and went on); one occurrence
+        without that excuse keeps the fault.
         """
         excused = self._excused()
         return [
@@ -140,16 +165,21 @@ class FaultCollector:
         ]
 
     def _excused(self) -> set[tuple[str, str, str]]:
+        """The faults every occurrence of which came shortly after one of their rule's ``unless_after`` lines."""
         if not self._excusable:
             return set()
         tails = {source.name: keeper.tail() for source, keeper in self._tails.items()}
         excused = set()
         for key, rule in self._excusable.items():
-            evidence = self._faults[key].evidence
-            tail = tails.get(evidence.source)
-            if tail is None or evidence.line_number is None:
+            tail = tails.get(self._faults[key].evidence.source)
+            seen = self._seen_at[key]
+            if tail is None or not seen or len(seen) != self._counts[key] or len(seen) > MAX_EXCUSED_REPEATS:
                 continue
-            before = lines_before(tail, evidence.line_number, UNLESS_AFTER_LINES)
-            if any(regex.search(line) for line in before for regex in rule.unless_after):
+            if all(self._follows_excuse(tail, line_number, rule) for line_number in seen):
                 excused.add(key)
         return excused
+
+    @staticmethod
+    def _follows_excuse(tail: Tail, line_number: int, rule: Rule) -> bool:
+        before = lines_before(tail, line_number, UNLESS_AFTER_LINES)
+        return any(regex.search(line) for line in before for regex in rule.unless_after)

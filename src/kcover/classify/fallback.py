@@ -97,11 +97,16 @@ class Kind(IntEnum):
 
 @dataclass(frozen=True)
 class Tail:
-    """The last bytes of one source: ``lines`` line breaks were read up to its end; ``cut`` when bytes came before."""
+    """The last bytes of one source: ``lines`` line breaks were read up to its end; ``cut`` when bytes came before.
+
+    ``survived``: the numbers of lines a rule found logged and survived (a
+    fault its ``unless_after`` lines excused): the job went on past them.
+    """
 
     data: bytes
     lines: int
     cut: bool = False
+    survived: frozenset[int] = frozenset()
 
 
 class TailKeeper:
@@ -266,12 +271,17 @@ def _goes_on(head: str) -> bool:
     return bool(_BAR.search(head) or (not head[:1].isspace() and _STEP.search(head)))
 
 
-def _ends_in_failure(texts: list[str]) -> int | None:
-    """Index of the evidence line when these lines (a tail, oldest first) end in failure, else ``None``."""
+def _ends_in_failure(texts: list[str], survived: frozenset[int] = frozenset()) -> int | None:
+    """Index of the evidence line when these lines (a tail, oldest first) end in failure, else ``None``.
+
+    ``survived``: indices of lines the job went on past (they end the final stretch, like a step).
+    """
     best: tuple[Kind, int] | None = None
     kinds: set[Kind] = set()
     ordinary = 0
     for index in range(len(texts) - 1, -1, -1):
+        if index in survived:
+            break
         head = strip_stamp(texts[index])
         kind = kind_of(texts, index)
         if kind is not Kind.EXCEPTION and _RECOVERY.search(head):
@@ -347,10 +357,11 @@ def failure_line(tail: Tail) -> tuple[LogLine, int, Kind, tuple[str, ...]] | Non
     """
     lines, first = _tail_lines(tail)
     texts = [line.message[:_MATCH_CHARS] for line in lines]
-    index = _ends_in_failure(texts)
+    survived = frozenset(number - first for number in tail.survived)
+    index = _ends_in_failure(texts, survived)
     if index is None:
         index = _last_line_names_layer(texts)
-    if index is None:
+    if index is None or index in survived:
         return None
     kind = kind_of(texts, index) or Kind.ERROR
     return lines[index], first + index, kind, _told_after(texts, index)
@@ -386,15 +397,13 @@ def unrecognised_fault(source: SourceInfo, line: LogLine, line_number: int, afte
 
 
 def unexplained(faults: Sequence[Fault]) -> bool:
-    """Whether no rule explains the job's end: no fault at all, or fatal ones that only report an exit status.
+    """Whether no rule explains the job's end: no fatal fault, or fatal ones that only report an exit status.
 
-    A degraded sign is a rule's verdict too (named, no action): it is never
-    overridden.
+    A degraded sign (Xid 92, a rising single-bit ECC rate) says the job may go
+    on; it does not explain a log that then ends in failure, so the tail is
+    still read.  The sign stays among the faults, named beside the failure.
     """
-    fatal = [fault for fault in faults if fault.is_fatal]
-    if not fatal:
-        return not faults
-    return all(fault.rule in EXIT_REPORT_RULES for fault in fatal)
+    return all(fault.rule in EXIT_REPORT_RULES for fault in faults if fault.is_fatal)
 
 
 def fallback_faults(tails: Mapping[SourceInfo, Tail], *, beyond_exit: bool = False) -> list[Fault]:
