@@ -224,6 +224,22 @@ def test_a_degraded_sign_does_not_hide_a_failed_end_but_stays_named() -> None:
     assert went_on.rule == "xid.92.high-sbe-rate" and went_on.action is Action.NONE
 
 
+@pytest.mark.parametrize(
+    "degraded_end",
+    [
+        "NVRM: Xid (PCI:0000:18:00): 161, pid='<unknown>', name=<unknown>, Channel retirement failure\n",
+        "NVRM: Xid (PCI:0000:18:00): 157, pid='<unknown>', name=<unknown>, Resource retirement failure\n",
+    ],
+)
+def test_a_degraded_sign_with_failure_words_is_never_raised_to_a_failure(degraded_end: str) -> None:
+    # a rule named the line as a degraded sign: the end-of-log readings pass over it
+    verdict = explain(STEPS + degraded_end)
+    assert verdict.action is Action.NONE
+    assert all(not fault.is_fatal for fault in verdict.faults)
+    after_failure = explain(STEPS + TRACEBACK + "Exception: boom\n" + degraded_end)
+    assert after_failure.rule == UNRECOGNISED_FAILURE_RULE  # the failure before it still counts
+
+
 def test_only_the_failing_rank_is_implicated(tmp_path: Path) -> None:
     (tmp_path / "rank0.log").write_text(STEPS)
     (tmp_path / "rank1.log").write_text(STEPS + TRACEBACK + "Exception: dataset shard 17 is unreadable\n")

@@ -17,15 +17,16 @@ names still yields a verdict (:mod:`kcover.classify.fallback`).
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import replace
 
-from kcover.classify.fallback import Tail, TailKeeper, lines_before
+from kcover.classify.fallback import TAIL_LINES, Tail, TailKeeper, lines_before
 from kcover.classify.matcher import Hit
 from kcover.classify.rules import UNLESS_AFTER_LINES, Rule
 from kcover.classify.vocabulary import layer_of
 from kcover.collect.lines import LogLine, evidence_text, line_shape
 from kcover.collect.sources import SourceInfo
-from kcover.faults import Evidence, Fault
+from kcover.faults import Evidence, Fault, Severity
 
 MAX_DISTINCT = 20
 MAX_EXCUSED_REPEATS = 8
@@ -89,10 +90,14 @@ class FaultCollector:
         """The faults whose rule has ``unless_after`` lines, to check against the tail at the end."""
         self._seen_at: dict[tuple[str, str, str], list[int]] = {}
         """For those faults, the line number of every occurrence (each must be excused)."""
+        self._degraded_at: dict[str, deque[int]] = {}
+        """Per source, the line numbers of its latest degraded signs (the fallback passes over them)."""
 
     def add_hit(self, source: SourceInfo, hit: Hit) -> Fault | None:
         """Record one hit; returns the new fault, or ``None`` when it only raised a count."""
         key = (source.name, hit.rule.id, line_shape(hit.line.text))
+        if hit.rule.spec.severity is not Severity.FATAL:
+            self._degraded_at.setdefault(source.name, deque(maxlen=TAIL_LINES)).append(hit.line_number)
         if key in self._counts:
             self._counts[key] += 1
             self._note_seen(key, hit.line_number)
@@ -138,13 +143,18 @@ class FaultCollector:
 
         The lines of an excused fault are marked survived
         (:attr:`~kcover.classify.fallback.Tail.survived`), so the fallback does
-        not take back what the rule excused.
+        not take back what the rule excused, and those of a degraded sign
+        marked degraded: a rule named them, not as a failure.
         """
         survived: dict[str, set[int]] = {}
         for key in self._excused():
             survived.setdefault(key[0], set()).update(self._seen_at[key])
         return {
-            source: replace(keeper.tail(), survived=frozenset(survived.get(source.name, ())))
+            source: replace(
+                keeper.tail(),
+                survived=frozenset(survived.get(source.name, ())),
+                degraded=frozenset(self._degraded_at.get(source.name, ())),
+            )
             for source, keeper in self._tails.items()
         }
 

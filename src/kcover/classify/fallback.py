@@ -101,12 +101,15 @@ class Tail:
 
     ``survived``: the numbers of lines a rule found logged and survived (a
     fault its ``unless_after`` lines excused): the job went on past them.
+    ``degraded``: the numbers of lines a rule named a degraded sign (Xid 92,
+    a retired page): explained, and no failure of their own.
     """
 
     data: bytes
     lines: int
     cut: bool = False
     survived: frozenset[int] = frozenset()
+    degraded: frozenset[int] = frozenset()
 
 
 class TailKeeper:
@@ -271,10 +274,13 @@ def _goes_on(head: str) -> bool:
     return bool(_BAR.search(head) or (not head[:1].isspace() and _STEP.search(head)))
 
 
-def _ends_in_failure(texts: list[str], survived: frozenset[int] = frozenset()) -> int | None:
+def _ends_in_failure(
+    texts: list[str], survived: frozenset[int] = frozenset(), degraded: frozenset[int] = frozenset()
+) -> int | None:
     """Index of the evidence line when these lines (a tail, oldest first) end in failure, else ``None``.
 
-    ``survived``: indices of lines the job went on past (they end the final stretch, like a step).
+    ``survived``: indices of lines the job went on past (they end the final stretch, like a step);
+    ``degraded``: indices of lines a rule already named as a degraded sign (passed over).
     """
     best: tuple[Kind, int] | None = None
     kinds: set[Kind] = set()
@@ -282,6 +288,8 @@ def _ends_in_failure(texts: list[str], survived: frozenset[int] = frozenset()) -
     for index in range(len(texts) - 1, -1, -1):
         if index in survived:
             break
+        if index in degraded:
+            continue
         head = strip_stamp(texts[index])
         kind = kind_of(texts, index)
         if kind is not Kind.EXCEPTION and _RECOVERY.search(head):
@@ -358,10 +366,11 @@ def failure_line(tail: Tail) -> tuple[LogLine, int, Kind, tuple[str, ...]] | Non
     lines, first = _tail_lines(tail)
     texts = [line.message[:_MATCH_CHARS] for line in lines]
     survived = frozenset(number - first for number in tail.survived)
-    index = _ends_in_failure(texts, survived)
+    degraded = frozenset(number - first for number in tail.degraded)
+    index = _ends_in_failure(texts, survived, degraded)
     if index is None:
         index = _last_line_names_layer(texts)
-    if index is None or index in survived:
+    if index is None or index in survived or index in degraded:
         return None
     kind = kind_of(texts, index) or Kind.ERROR
     return lines[index], first + index, kind, _told_after(texts, index)
