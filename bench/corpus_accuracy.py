@@ -2,7 +2,8 @@
 
 Prints, for every category, precision and recall of ``explain(text).category``
 against the label, the false-alarm rate on benign excerpts, the recall of
-``gpu_hardware`` and the precision of ``node_at_fault``; also the accuracy of
+``gpu_hardware``, the precision of ``node_at_fault`` and its recall (of the excerpts
+labelled node-at-fault, how many the verdict blames); also the accuracy of
 the multi-rank scenarios (category, action, blamed ranks).
 
 Two corpora:
@@ -81,6 +82,7 @@ class Scores:
     false_alarm_rate: float
     gpu_hardware_recall: float
     node_precision: float
+    node_recall: float
     per_category: dict[str, tuple[float, float, int]]
     misses: list[str]
 
@@ -90,7 +92,7 @@ def score(excerpts: list[Excerpt]) -> Scores:
     predicted: Counter[str] = Counter()
     actual: Counter[str] = Counter()
     fatal_right = fatal_total = benign_alarms = benign_total = 0
-    node_said = node_right = 0
+    node_said = node_right = node_labelled = node_found = 0
     misses = []
     for excerpt in excerpts:
         verdict = explain(excerpt.text)
@@ -110,6 +112,9 @@ def score(excerpts: list[Excerpt]) -> Scores:
             true_pos[got] += 1
         else:
             misses.append(f"{excerpt.id}: want {excerpt.category}, got {got} ({verdict.rule})")
+        if excerpt.node_at_fault is True:
+            node_labelled += 1
+            node_found += bool(verdict.node_at_fault)
         if verdict.node_at_fault:
             node_said += 1
             node_right += excerpt.node_at_fault is True
@@ -127,6 +132,7 @@ def score(excerpts: list[Excerpt]) -> Scores:
         false_alarm_rate=benign_alarms / max(benign_total, 1),
         gpu_hardware_recall=gpu,
         node_precision=node_right / node_said if node_said else 1.0,
+        node_recall=node_found / node_labelled if node_labelled else float("nan"),
         per_category=per_category,
         misses=misses,
     )
@@ -165,6 +171,7 @@ def print_scores(title: str, excerpts: list[Excerpt], scores: Scores) -> None:
     print(f"benign false-alarm rate : {scores.false_alarm_rate:.3f}")
     print(f"gpu_hardware recall     : {scores.gpu_hardware_recall:.3f}")
     print(f"node_at_fault precision : {scores.node_precision:.3f}")
+    print(f"node_at_fault recall    : {scores.node_recall:.3f}")
 
 
 def main() -> None:
