@@ -90,14 +90,17 @@ class FaultCollector:
         """The faults whose rule has ``unless_after`` lines, to check against the tail at the end."""
         self._seen_at: dict[tuple[str, str, str], list[int]] = {}
         """For those faults, the line number of every occurrence (each must be excused)."""
-        self._degraded_at: dict[str, deque[int]] = {}
+        self._degraded_at: dict[SourceInfo, deque[int]] = {}
         """Per source, the line numbers of its latest degraded signs (the fallback passes over them)."""
 
     def add_hit(self, source: SourceInfo, hit: Hit) -> Fault | None:
         """Record one hit; returns the new fault, or ``None`` when it only raised a count."""
         key = (source.name, hit.rule.id, line_shape(hit.line.text))
         if hit.rule.spec.severity is not Severity.FATAL:
-            self._degraded_at.setdefault(source.name, deque(maxlen=TAIL_LINES)).append(hit.line_number)
+            numbers = self._degraded_at.get(source)
+            if numbers is None:
+                numbers = self._degraded_at[source] = deque(maxlen=TAIL_LINES)
+            numbers.append(hit.line_number)
         if key in self._counts:
             self._counts[key] += 1
             self._note_seen(key, hit.line_number)
@@ -153,7 +156,7 @@ class FaultCollector:
             source: replace(
                 keeper.tail(),
                 survived=frozenset(survived.get(source.name, ())),
-                degraded=frozenset(self._degraded_at.get(source.name, ())),
+                degraded=frozenset(self._degraded_at.get(source, ())),
             )
             for source, keeper in self._tails.items()
         }
