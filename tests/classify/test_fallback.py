@@ -240,6 +240,19 @@ def test_a_degraded_sign_with_failure_words_is_never_raised_to_a_failure(degrade
     assert after_failure.rule == UNRECOGNISED_FAILURE_RULE  # the failure before it still counts
 
 
+XID_92 = "NVRM: Xid (PCI:0000:3b:00): 92, pid=1, name=python, High single-bit ECC error rate\n"
+
+
+def test_a_degraded_sign_after_a_pasted_failure_line_neither_hides_it_nor_renames_it() -> None:
+    pasted = "EFA device rdmap16s27 reported a fatal completion error\n"
+    assert explain(STEPS + pasted).category is Category.NETWORK_INFINIBAND
+    verdict = explain(STEPS + pasted + XID_92)
+    assert verdict.rule == UNRECOGNISED_FAILURE_RULE and verdict.action is Action.RESTART
+    assert verdict.category is Category.NETWORK_INFINIBAND
+    plain = explain(STEPS + TRACEBACK + "Exception: boom\n" + XID_92)
+    assert plain.rule == UNRECOGNISED_FAILURE_RULE and plain.category is Category.OTHER  # the Xid's words are not its
+
+
 def test_only_the_failing_rank_is_implicated(tmp_path: Path) -> None:
     (tmp_path / "rank0.log").write_text(STEPS)
     (tmp_path / "rank1.log").write_text(STEPS + TRACEBACK + "Exception: dataset shard 17 is unreadable\n")

@@ -309,7 +309,7 @@ def _ends_in_failure(
     return best[1] if best and kinds != {Kind.ERROR} else None
 
 
-def _last_line_names_layer(texts: list[str]) -> int | None:
+def _last_line_names_layer(texts: list[str], degraded: frozenset[int] = frozenset()) -> int | None:
     """Index of the last line when it is a failure sentence in a layer's words, else ``None``.
 
     A log (or a pasted excerpt) that stops on ``NVRM: GPU 0000:81:00.0:
@@ -318,9 +318,12 @@ def _last_line_names_layer(texts: list[str]) -> int | None:
     of the shapes of healthy output (:func:`~kcover.classify.vocabulary.says_failed`:
     not a warning, a counter at zero, an option's help, a shell trace …), does
     not go on or recover, and names a layer
-    (:func:`~kcover.classify.vocabulary.layer_of`).
+    (:func:`~kcover.classify.vocabulary.layer_of`).  Lines a rule named as a
+    degraded sign (``degraded``, indices) are passed over: they come after the end.
     """
-    last = next((index for index in range(len(texts) - 1, -1, -1) if texts[index].strip()), None)
+    last = next(
+        (index for index in range(len(texts) - 1, -1, -1) if texts[index].strip() and index not in degraded), None
+    )
     if last is None:
         return None
     head = strip_stamp(texts[last])
@@ -342,13 +345,18 @@ def _tail_lines(tail: Tail) -> tuple[list[LogLine], int]:
     return [parse_line(line[: _MATCH_CHARS * 2]) for line in raw[skipped:]], first + skipped
 
 
-def _told_after(texts: list[str], index: int) -> tuple[str, ...]:
+def _told_after(texts: list[str], index: int, degraded: frozenset[int] = frozenset()) -> tuple[str, ...]:
     """The lines after line ``index`` that say more about it: a C++ exception's ``what():``, plain text.
 
     Frames, source lines and the other epilogue lines are left out: they hold
-    the program's words, not the failure's.
+    the program's words, not the failure's; so are the lines a rule named as a
+    degraded sign (``degraded``, indices): they are not about this failure.
     """
-    return tuple(text for text in texts[index + 1 :] if _WHAT.match(text) or not _EPILOGUE.match(text))
+    return tuple(
+        text
+        for after, text in enumerate(texts[index + 1 :], start=index + 1)
+        if after not in degraded and (_WHAT.match(text) or not _EPILOGUE.match(text))
+    )
 
 
 def lines_before(tail: Tail, line_number: int, count: int) -> list[str]:
@@ -369,11 +377,11 @@ def failure_line(tail: Tail) -> tuple[LogLine, int, Kind, tuple[str, ...]] | Non
     degraded = frozenset(number - first for number in tail.degraded)
     index = _ends_in_failure(texts, survived, degraded)
     if index is None:
-        index = _last_line_names_layer(texts)
+        index = _last_line_names_layer(texts, degraded)
     if index is None or index in survived or index in degraded:
         return None
     kind = kind_of(texts, index) or Kind.ERROR
-    return lines[index], first + index, kind, _told_after(texts, index)
+    return lines[index], first + index, kind, _told_after(texts, index, degraded)
 
 
 def unrecognised_fault(source: SourceInfo, line: LogLine, line_number: int, after: Sequence[str] = ()) -> Fault:
