@@ -65,7 +65,9 @@ def test_a_fault_outside_the_kept_end_is_never_excused() -> None:
     assert explain(text).rule == "torch.store-timeout"  # its lines before are no longer kept: it stays a fault
 
 
-def test_every_repeat_must_be_excused_not_only_the_first() -> None:
+def test_an_unexcused_occurrence_keeps_the_fault_and_excused_repeats_vanish() -> None:
+    # (an excused occurrence followed by an unexcused one cannot fit in one kept end: the excuse
+    # window is as long as the kept tail; the per-occurrence check covers it should they differ)
     timeout = "RuntimeError: Socket Timeout\n"
     real_then_excused = STEPS + timeout + "rank 0 saving the final model\n" * 20 + BARRIER + timeout
     verdict = explain(real_then_excused)

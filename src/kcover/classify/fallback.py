@@ -378,7 +378,7 @@ def failure_line(tail: Tail) -> tuple[LogLine, int, Kind, tuple[str, ...]] | Non
     index = _ends_in_failure(texts, survived, degraded)
     if index is None:
         index = _last_line_names_layer(texts, degraded)
-    if index is None or index in survived or index in degraded:
+    if index is None or index in survived:  # the last line may be one the job survived
         return None
     kind = kind_of(texts, index) or Kind.ERROR
     return lines[index], first + index, kind, _told_after(texts, index, degraded)
