@@ -47,7 +47,9 @@ def lose_a_node(tmp_path: Path, replicas: int) -> list[str]:
 def test_a_lost_nodes_ranks_resume_from_their_buddies_memory(tmp_path: Path) -> None:
     resumed = lose_a_node(tmp_path, replicas=1)
     step = resumed[0].split()[2]
-    assert int(step) >= 8  # the step the node was lost at, or the one before: nothing lost to the disk's age
+    # newer than the newest persisted step (5): nothing lost to the disk's age.  Replicas are sent off the
+    # critical path, so on a loaded machine the buddies may hold a step or two before the one the node died at
+    assert 5 < int(step) <= 8, resumed
     assert resumed == [f"resumed step {step} from {source}" for source in ("memory", "memory", "peer", "peer")]
 
 
