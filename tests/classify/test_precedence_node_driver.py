@@ -55,3 +55,24 @@ def test_permissions_are_not_a_broken_driver() -> None:
     verdict = explain("pynvml.nvml.NVMLError_NoPermission: Insufficient Permissions\n")
     assert verdict.rule != "cuda.node-driver-broken"
     assert not verdict.node_at_fault
+
+
+@pytest.mark.parametrize(
+    "at_init",
+    [
+        "UserWarning: CUDA initialization: CUDA unknown error - this may be due to an incorrectly set up "
+        "environment, e.g. changing env variable CUDA_VISIBLE_DEVICES after program start.",
+        "E tensorflow/stream_executor/cuda/cuda_driver.cc:509] failed call to cuInit: CUDA_ERROR_UNKNOWN",
+        TORCH_CASCADE.replace("Error 803: system has unsupported display driver / cuda driver combination",
+                              "Error 999: unknown error").strip(),
+    ],
+    ids=["torch-warning", "tf-cuinit", "torch-device-count"],
+)
+def test_cudas_unknown_error_at_initialisation_is_the_drivers_and_mid_run_the_gpus(at_init: str) -> None:
+    # before any kernel ran, 999 is the driver's state (nvidia-uvm missing, a resume from suspend); a GPU
+    # that is lost while the job runs answers a later call with it
+    verdict = explain(at_init + "\n")
+    assert (verdict.rule, verdict.category, verdict.node_at_fault) == (
+        "cuda.node-driver-broken", Category.CUDA_SOFTWARE, True)
+    mid_run = explain("step 1200 loss 2.31\nRuntimeError: CUDA error: unknown error\n")
+    assert (mid_run.category, mid_run.node_at_fault) == (Category.GPU_HARDWARE, True)

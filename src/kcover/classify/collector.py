@@ -92,9 +92,13 @@ class FaultCollector:
         """For those faults, the line number of every occurrence (each must be excused)."""
         self._degraded_at: dict[SourceInfo, deque[int]] = {}
         """Per source, the line numbers of its latest degraded signs (the fallback passes over them)."""
+        self._changes = 0
+        self._judged: tuple[int, dict[SourceInfo, Tail], set[tuple[str, str, str]]] | None = None
+        """The tails and the excused faults as of ``_changes``: a verdict reads both, computed once."""
 
     def add_hit(self, source: SourceInfo, hit: Hit) -> Fault | None:
         """Record one hit; returns the new fault, or ``None`` when it only raised a count."""
+        self._changes += 1
         key = (source.name, hit.rule.id, line_shape(hit.line.text))
         if hit.rule.spec.severity is not Severity.FATAL:
             numbers = self._degraded_at.get(source)
@@ -109,6 +113,7 @@ class FaultCollector:
 
     def add(self, rule: Rule, evidence: Evidence, shape: str | None = None) -> Fault | None:
         """Record a fault seen as ``evidence``; repeats of the same shape are counted."""
+        self._changes += 1
         group = (evidence.source, rule.id)
         key = (evidence.source, rule.id, shape if shape is not None else evidence.line)
         if key not in self._counts and self._distinct.get(group, 0) >= MAX_DISTINCT:
@@ -135,6 +140,7 @@ class FaultCollector:
 
     def keep_tail(self, source: SourceInfo, block: bytes, lines: int) -> None:
         """Remember the end of ``source`` after one more cleaned block (``lines``: line breaks read so far)."""
+        self._changes += 1
         keeper = self._tails.get(source)
         if keeper is None:
             keeper = self._tails[source] = TailKeeper()
@@ -149,16 +155,17 @@ class FaultCollector:
         not take back what the rule excused, and those of a degraded sign
         marked degraded: a rule named them, not as a failure.
         """
+        tails, excused = self._judge()
         survived: dict[str, set[int]] = {}
-        for key in self._excused():
+        for key in excused:
             survived.setdefault(key[0], set()).update(self._seen_at[key])
         return {
             source: replace(
-                keeper.tail(),
+                tail,
                 survived=frozenset(survived.get(source.name, ())),
                 degraded=frozenset(self._degraded_at.get(source, ())),
             )
-            for source, keeper in self._tails.items()
+            for source, tail in tails.items()
         }
 
     @property
@@ -170,21 +177,35 @@ class FaultCollector:
         its log (the program logged that exception and went on); one occurrence
         without that excuse keeps the fault.
         """
-        excused = self._excused()
+        excused = self._judge()[1]
         return [
             replace(fault, count=self._counts[key]) if self._counts[key] != fault.count else fault
             for key, fault in self._faults.items()
             if key not in excused
         ]
 
-    def _excused(self) -> set[tuple[str, str, str]]:
-        """The faults every occurrence of which came shortly after one of their rule's ``unless_after`` lines."""
+    def _judge(self) -> tuple[dict[SourceInfo, Tail], set[tuple[str, str, str]]]:
+        """The kept end of every source, and the faults it excuses (once per change of the collector)."""
+        if self._judged is None or self._judged[0] != self._changes:
+            tails = {source: keeper.tail() for source, keeper in self._tails.items()}
+            self._judged = (self._changes, tails, self._excused(tails))
+        return self._judged[1], self._judged[2]
+
+    def _excused(self, tails: dict[SourceInfo, Tail]) -> set[tuple[str, str, str]]:
+        """The faults every occurrence of which came shortly after one of their rule's ``unless_after`` lines.
+
+        Faults are kept by source name: where two sources share a name (no
+        reader names them so today), which end holds the lines is unknown, and
+        nothing of theirs is excused.
+        """
         if not self._excusable:
             return set()
-        tails = {source.name: keeper.tail() for source, keeper in self._tails.items()}
+        by_name: dict[str, Tail | None] = {}
+        for source, kept in tails.items():
+            by_name[source.name] = None if source.name in by_name else kept
         excused = set()
         for key, rule in self._excusable.items():
-            tail = tails.get(self._faults[key].evidence.source)
+            tail = by_name.get(key[0])
             seen = self._seen_at[key]
             if tail is None or not seen or len(seen) != self._counts[key] or len(seen) > MAX_EXCUSED_REPEATS:
                 continue

@@ -53,6 +53,7 @@ class LastLineSpec(BaseModel):
 
     failure: list[str] = Field(min_length=1)
     not_failure: list[str] = Field(default_factory=list)
+    not_failure_phrases: list[str] = Field(default_factory=list)
     examples: list[str] = Field(min_length=1)
     counter_examples: list[str] = Field(default_factory=list)
 
@@ -88,6 +89,7 @@ class Vocabulary:
     layers: tuple[Layer, ...]
     failure: tuple[re.Pattern[str], ...]
     not_failure: tuple[re.Pattern[str], ...]
+    not_failure_phrases: tuple[re.Pattern[str], ...]
 
 
 def _compiled(patterns: Sequence[str], where: str) -> tuple[re.Pattern[str], ...]:
@@ -110,6 +112,7 @@ def parse_vocabulary(text: str) -> Vocabulary:
         layers,
         _compiled(spec.last_line.failure, "last_line.failure"),
         _compiled(spec.last_line.not_failure, "last_line.not_failure"),
+        _compiled(spec.last_line.not_failure_phrases, "last_line.not_failure_phrases"),
     )
 
 
@@ -143,10 +146,14 @@ def says_failed(text: str, vocabulary: Vocabulary | None = None) -> bool:
     The test of the fallback's last-line rule (``last_line`` in
     ``vocabulary.yaml``): ``RmInitAdapter failed!`` says so; ``Uncorrectable
     Error : N/A``, ``0 failed``, ``[W310 …] … has failed to connect`` and
-    ``--abort-on-error  Abort when …`` do not.
+    ``--abort-on-error  Abort when …`` do not.  A phrase that takes the word
+    back (``0/8 ranks failed``, ``if … fails``) counts only where it holds the
+    word: ``failed when posting …; device disabled`` still says failed.
     """
     table = vocabulary or shipped_vocabulary()
     head = text[:MATCH_CHARS]
-    if not any(word.search(head) for word in table.failure):
+    words = [found.span() for word in table.failure for found in word.finditer(head)]
+    if not words or any(shape.search(head) for shape in table.not_failure):
         return False
-    return not any(shape.search(head) for shape in table.not_failure)
+    taken_back = [found.span() for phrase in table.not_failure_phrases for found in phrase.finditer(head)]
+    return any(not any(start <= begin and end <= stop for start, stop in taken_back) for begin, end in words)

@@ -55,10 +55,10 @@ def _describe(path: Path, root: Path | None) -> SourceInfo:
     parts = relative.parts
     ranks = _RANK.findall(str(relative))
     rank = int(ranks[-1]) if ranks else None
-    for part in parts[:-1]:
+    for at, part in enumerate(parts[:-1]):
         pod = _CRI_POD.match(part)
-        if pod:
-            return SourceInfo(name=printable(f"{pod.group(1)}/{pod.group(2)}"), rank=rank)
+        if pod:  # namespace/pod/container/0.log: each container and restart of a pod is its own source
+            return SourceInfo(name=printable("/".join((pod.group(1), pod.group(2), *parts[at + 1:]))), rank=rank)
     node: str | None = parts[0] if len(parts) > 1 else None
     if node is None:
         named = _NODE_FILE.match(path.stem)
