@@ -76,3 +76,13 @@ def test_cudas_unknown_error_at_initialisation_is_the_drivers_and_mid_run_the_gp
         "cuda.node-driver-broken", Category.CUDA_SOFTWARE, True)
     mid_run = explain("step 1200 loss 2.31\nRuntimeError: CUDA error: unknown error\n")
     assert (mid_run.category, mid_run.node_at_fault) == (Category.GPU_HARDWARE, True)
+
+
+def test_a_gpu_busy_or_unavailable_excludes_the_node_and_no_gpu_at_all_does_not() -> None:
+    # 46: the GPU the job was given cannot take a context (a leftover process holds it, or it is stuck)
+    busy = explain("RuntimeError: CUDA error: CUDA-capable device(s) is/are busy or unavailable\n")
+    assert (busy.rule, busy.node_at_fault, busy.action) == (
+        "cuda.device-unavailable", True, Action.RESTART_EXCLUDING_NODES)
+    # 100: the worker was given no GPU at all, which is the pod's request, not the node
+    none = explain("RuntimeError: No CUDA GPUs are available\n")
+    assert (none.rule, none.node_at_fault) == ("cuda.no-device", False)
