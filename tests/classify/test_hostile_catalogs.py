@@ -122,6 +122,17 @@ def test_a_yaml_alias_bomb_is_refused(tmp_path: Path) -> None:
     _refused(_explain(bomb, "x\n", tmp_path, timeout=60), str(bomb), "aliases")
 
 
+def test_a_key_given_twice_is_refused_naming_its_line(tmp_path: Path) -> None:
+    # YAML keeps the last of two keys silently: the first patterns list would never be used
+    catalog = tmp_path / "twice.yaml"
+    catalog.write_text(RULE.format(pattern="'GPU melted'", unless="") + "    patterns: ['all fine']\n")
+    _refused(_explain(catalog, "x\n", tmp_path), str(catalog), "line 13", "'patterns' is given twice")
+    # the same keys in two mappings (two rules) are no repeat
+    second = RULE.format(pattern="'GPU burnt'", unless="").replace("rules:\n", "").replace("my.rule", "my.other")
+    catalog.write_text(RULE.format(pattern="'GPU melted'", unless="") + second)
+    assert '"rule": "my.other"' in _explain(catalog, "GPU burnt\n", tmp_path).stdout
+
+
 def test_dev_zero_as_a_catalog_is_refused(tmp_path: Path) -> None:
     _refused(_explain("/dev/zero", "x\n", tmp_path, timeout=60), "/dev/zero", "not a regular file")
 

@@ -240,15 +240,33 @@ def _loader() -> Any:
     return getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-def _refuse_aliases(text: str, source: str) -> None:
-    """Refuse YAML aliases: ``*a`` repeated in nested lists expands to gigabytes."""
+def _refuse_aliases_and_repeated_keys(text: str, source: str) -> None:
+    """Refuse YAML aliases (``*a`` repeated in nested lists expands to gigabytes) and a key given twice in
+    one mapping (YAML keeps the last silently: a second ``counter_examples:`` would drop the first list)."""
     import yaml
 
+    frames: list[dict[str, Any] | None] = []  # per open collection: a mapping's keys so far, None for a list
     try:
         for event in yaml.parse(text, Loader=_loader()):
+            line = event.start_mark.line + 1 if event.start_mark else "?"
             if isinstance(event, yaml.AliasEvent):
-                line = event.start_mark.line + 1 if event.start_mark else "?"
                 raise CatalogError(f"{source}: line {line}: YAML aliases (*name) are not allowed in a catalog")
+            if isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                frames.pop()
+                continue
+            if not isinstance(event, (yaml.ScalarEvent, yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+                continue
+            mapping = frames[-1] if frames else None
+            if mapping is not None:
+                if mapping["want_key"] and isinstance(event, yaml.ScalarEvent):
+                    if event.value in mapping["keys"]:
+                        raise CatalogError(f"{source}: line {line}: the key {event.value!r} is given twice")
+                    mapping["keys"].add(event.value)
+                mapping["want_key"] = not mapping["want_key"]
+            if isinstance(event, yaml.MappingStartEvent):
+                frames.append({"keys": set(), "want_key": True})
+            elif isinstance(event, yaml.SequenceStartEvent):
+                frames.append(None)
     except yaml.YAMLError as exc:
         raise CatalogError(f"{source}: not valid YAML: {_one_line(exc)}") from None
 
@@ -306,7 +324,7 @@ def _checked_specs(text: str, source: str) -> list[RuleSpec]:
     """Every rule of one catalog text, through every check."""
     import yaml
 
-    _refuse_aliases(text, source)
+    _refuse_aliases_and_repeated_keys(text, source)
     try:
         document = yaml.load(text, Loader=_loader())
     except yaml.YAMLError as exc:
