@@ -162,3 +162,21 @@ def test_two_sources_of_one_name_excuse_nothing() -> None:
     scan_stream(matcher, io.BytesIO((STEPS + BARRIER + "RuntimeError: Socket Timeout\n").encode()),
                 SourceInfo(name="worker.log", rank=0), alone)
     assert all(fault.rule != "torch.store-timeout" for fault in alone.faults)
+
+
+def test_a_pod_recreated_under_its_name_and_two_runs_rank0_logs_stay_apart(tmp_path: Path) -> None:
+    # both describe as train/job-worker-0/trainer/0.log (or rank0.log): named by their paths instead
+    old = tmp_path / "pods" / "train_job-worker-0_11111111-1b2d-4c5e-9f00-123456789abc" / "trainer"
+    new = tmp_path / "pods" / "train_job-worker-0_22222222-1b2d-4c5e-9f00-123456789abc" / "trainer"
+    timeout = "torch.distributed.DistStoreError: Socket Timeout\n"
+    for folder, text in ((old, STEPS + "rank 0 saving\n" * BARRIER.count("\n") + timeout), (new, STEPS + BARRIER)):
+        folder.mkdir(parents=True)
+        (folder / "0.log").write_text(text)
+    sources, _ = find_sources([tmp_path / "pods", old / "0.log"])  # the same file given twice is read once
+    assert sorted(source.info.name for source in sources) == [str(old / "0.log"), str(new / "0.log")]
+    assert explain_paths([tmp_path / "pods"]).rule == "torch.store-timeout"  # the new pod's barrier excuses nothing
+    for run in ("runA", "runB"):
+        (tmp_path / run).mkdir()
+        (tmp_path / run / "rank0.log").write_text(STEPS)
+    runs, _ = find_sources([tmp_path / "runA", tmp_path / "runB"])
+    assert len({source.info.name for source in runs}) == 2

@@ -194,9 +194,10 @@ class FaultCollector:
     def _excused(self, tails: dict[SourceInfo, Tail]) -> set[tuple[str, str, str]]:
         """The faults every occurrence of which came shortly after one of their rule's ``unless_after`` lines.
 
-        Faults are kept by source name: where two sources share a name (no
-        reader names them so today), which end holds the lines is unknown, and
-        nothing of theirs is excused.
+        Faults are kept by source name: where two sources share a name (the
+        file readers name each file apart, :func:`~kcover.collect.sources.find_sources`;
+        a caller's own sources may not), which end holds the lines is unknown,
+        and nothing of theirs is excused.
         """
         if not self._excusable:
             return set()

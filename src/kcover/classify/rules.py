@@ -259,9 +259,10 @@ def _refuse_aliases_and_repeated_keys(text: str, source: str) -> None:
             mapping = frames[-1] if frames else None
             if mapping is not None:
                 if mapping["want_key"] and isinstance(event, yaml.ScalarEvent):
-                    if event.value in mapping["keys"]:
+                    key = (event.value, event.style)  # `1` and `'1'` are different keys
+                    if key in mapping["keys"]:
                         raise CatalogError(f"{source}: line {line}: the key {event.value!r} is given twice")
-                    mapping["keys"].add(event.value)
+                    mapping["keys"].add(key)
                 mapping["want_key"] = not mapping["want_key"]
             if isinstance(event, yaml.MappingStartEvent):
                 frames.append({"keys": set(), "want_key": True})

@@ -23,7 +23,8 @@ import errno
 import os
 import re
 import stat
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from kcover.collect.printable import printable
@@ -103,7 +104,29 @@ def find_sources(paths: list[Path]) -> tuple[list[FileSource], list[str]]:
             sources.append(FileSource(_describe(given, None), given))
         else:
             warnings.append(_skipped(given, "not readable"))
-    return sources, warnings
+    return _one_name_each(sources), warnings
+
+
+def _one_name_each(sources: list[FileSource]) -> list[FileSource]:
+    """Each file once, under a name no other file has.
+
+    Two files may describe alike: two runs' ``rank0.log``, a pod deleted and
+    recreated under its name (``ns/pod/container/0.log``).  Their faults,
+    kept ends and excuses must not mix, so such files are named by their path.
+    """
+    seen: set[str] = set()
+    unique = []
+    for source in sources:
+        real = os.path.realpath(source.path)
+        if real not in seen:
+            seen.add(real)
+            unique.append(source)
+    names = Counter(source.info.name for source in unique)
+    return [
+        replace(source, info=replace(source.info, name=printable(str(source.path))))
+        if names[source.info.name] > 1 else source
+        for source in unique
+    ]
 
 
 def _walk(root: Path, warnings: list[str]) -> list[Path]:
