@@ -41,9 +41,11 @@ _QUOTE = re.compile(r" {0,3}(?:> ?)+")
 """Quote marks of a log pasted into an issue or an e-mail (``> ``, ``>> ``)."""
 _LEADING_TIMESTAMP = re.compile(
     r"\[?(?P<stamp>\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?)\]?"
-    r"(?: {0,8}[|:\-] | {1,8})"
+    r"(?: {0,8}[|:\-] | )"
 )
-"""A timestamp and its separator before a message (``2024-05-01T10:00:00.123Z ``, ``[2024-05-01 10:00:00] ``)."""
+"""A timestamp and its separator before a message (``2024-05-01T10:00:00.123Z ``, ``[2024-05-01 10:00:00] ``).
+
+One space only: the indentation after it is the message's (a traceback's frames)."""
 _MAX_PREFIXES = 4
 _NCCL_HOST = re.compile(r"(?:^|\s)([A-Za-z0-9][\w.\-]*):\d+:\d+ \[\d+\] NCCL")
 _DIGITS = re.compile(r"\d+")
