@@ -2,8 +2,8 @@
 
 Only for the scanning benchmark's baseline: grep must search for the same
 patterns as kcover.  Case-insensitive rules become ``[xX]`` classes (grep has no
-per-pattern flag), ``(?:`` becomes ``(``, ``\\d`` becomes ``[0-9]``, and
-look-ahead and look-behind groups, which ERE lacks, are dropped (grep then searches a superset).
+per-pattern flag), ``(?:`` and a named group ``(?P<node>`` become ``(``, ``\\d`` becomes ``[0-9]``,
+and look-ahead and look-behind groups, which ERE lacks, are dropped (grep then searches a superset).
 ``\\t`` and ``\\r`` become the characters themselves (a bracket expression in ERE has no escapes:
 ``[^"\\n]`` would also exclude a backslash and an ``n``), and ``\\n`` in a bracket expression is
 dropped: grep searches line by line, so no line holds a newline to match or exclude.
@@ -11,10 +11,13 @@ dropped: grep searches line by line, so no line holds a newline to match or excl
 
 from __future__ import annotations
 
+import re
+
 from kcover.classify.rules import Rule
 
 _CLASS_ESCAPES = {"d": "[0-9]", "D": "[^0-9]"}
 _CONTROL_ESCAPES = {"t": "\t", "r": "\r"}
+_NAMED_GROUP = re.compile(r"\(\?P<\w+>")
 
 
 def skip_group(pattern: str, start: int) -> int:
@@ -74,6 +77,11 @@ def to_ere(pattern: str, ignore_case: bool) -> str:
         if not in_class and pattern.startswith("(?:", index):
             out.append("(")
             index += 3
+            continue
+        named = None if in_class else _NAMED_GROUP.match(pattern, index)
+        if named:
+            out.append("(")
+            index = named.end()
             continue
         if not in_class and pattern.startswith(("(?!", "(?<!", "(?<=", "(?="), index):
             index = skip_group(pattern, index)

@@ -44,6 +44,17 @@ def test_hardware_fault_excludes_the_node_and_uses_a_spare() -> None:
     assert state.restarts == 1
 
 
+def test_a_log_naming_a_node_outside_the_job_excludes_nothing_there() -> None:
+    """A worker's log may name any node (``kubectl get nodes`` printed by a job, a hostile line): only the job's
+    own nodes are ever excluded, so a job cannot get another job's node drained."""
+    verdict = verdict_on("gpu-node-77   NotReady   <none>   41d   v1.29.4\n")
+    assert verdict.nodes == ("gpu-node-77",) and verdict.action is Action.RESTART_EXCLUDING_NODES
+    decision, state = decide(RecoveryPolicy(), RecoveryState(spares=("node-2",)), AttemptEnd(verdict, NODES))
+    assert decision.kind is DecisionKind.RESTART
+    assert decision.excluded == () and decision.nodes == NODES
+    assert state.excluded == () and state.spares == ("node-2",)
+
+
 def test_without_spares_the_job_shrinks_only_when_allowed() -> None:
     end = AttemptEnd(verdict_on(XID), NODES)
     fixed, _ = decide(RecoveryPolicy(), RecoveryState(), end)

@@ -24,7 +24,7 @@ from kcover.classify.fallback import TAIL_LINES, Tail, TailKeeper, lines_before
 from kcover.classify.matcher import Hit
 from kcover.classify.rules import UNLESS_AFTER_LINES, Rule
 from kcover.classify.vocabulary import layer_of
-from kcover.collect.lines import LogLine, evidence_text, line_shape
+from kcover.collect.lines import evidence_text, line_shape
 from kcover.collect.sources import SourceInfo
 from kcover.faults import Evidence, Fault, Severity
 
@@ -42,13 +42,14 @@ def fault_from_rule(rule: Rule, evidence: Evidence, count: int = 1) -> Fault:
     """
     spec = rule.spec
     category = (layer_of([evidence.line]) if spec.refine_by_words else None) or spec.category
+    node_at_fault = spec.node_at_fault and (evidence.node is not None or not spec.only_named_node)
     title = spec.title if category is spec.category else f"{spec.title}; its words name {category.value}"
     return Fault(
         rule=spec.id,
         category=category,
         severity=spec.severity,
         retriable=spec.retriable,
-        node_at_fault=spec.node_at_fault,
+        node_at_fault=node_at_fault,
         role=spec.role,
         priority=spec.priority,
         title=title,
@@ -59,22 +60,22 @@ def fault_from_rule(rule: Rule, evidence: Evidence, count: int = 1) -> Fault:
 
 
 def evidence_of(source: SourceInfo, hit: Hit) -> Evidence:
-    """The evidence of one hit: the line (cut around the match), where it was, and its rank and node."""
+    """The evidence of one hit: the line (cut around the match), where it was, and its rank and node.
+
+    The node is the one the line names when its pattern names one (``kubectl get nodes`` showing
+    ``gpu-7  NotReady``), else the source's; a rule that blames only named nodes takes no other.
+    """
     line = hit.line
+    found, named = hit.rule.locate(line.message)
+    position = None if found is None else line.message_at + found  # confirmed on the line's message
     return Evidence(
         source=source.name,
-        line=evidence_text(line.text, _position(hit.rule, line)),
+        line=evidence_text(line.text, position),
         line_number=hit.line_number,
         timestamp=line.timestamp,
         rank=line.rank if line.rank is not None else source.rank,
-        node=source.node or line.node,
+        node=named or (None if hit.rule.spec.only_named_node else source.node or line.node),
     )
-
-
-def _position(rule: Rule, line: LogLine) -> int | None:
-    """Where ``rule`` matched in ``line.text``: it was confirmed on the line's message."""
-    found = rule.position(line.message)
-    return None if found is None else line.message_at + found
 
 
 class FaultCollector:

@@ -54,6 +54,10 @@ UNLESS_AFTER_LINES = 60
 MAX_CATALOG_BYTES = 4 << 20
 """Largest catalog file read (the shipped files are about 20 KB each)."""
 
+NODE_GROUP = "node"
+"""The one named group a pattern may have: the node the line names (a Kubernetes name is at most 253 chars)."""
+MAX_NODE_NAME = 253
+
 
 class CatalogError(ValueError):
     """A catalog file cannot be used; the message names the file, rule and field."""
@@ -84,6 +88,9 @@ class RuleSpec(BaseModel):
     exit_codes: list[int] = Field(default_factory=list)
     refine_by_words: bool = False
     """A generic rule (no layer in its sentence): the layer its line's words name may replace its category."""
+    only_named_node: bool = False
+    """The node at fault is the one the matched line names (its pattern's ``(?P<node>…)`` group), never the node
+    whose log holds the line: a scheduler's report about another node.  A line that names none blames no node."""
     reasons: list[str] = Field(default_factory=list)
     examples: list[str] = Field(default_factory=list)
     counter_examples: list[str] = Field(default_factory=list)
@@ -177,19 +184,27 @@ class Rule:
             return Action.FAIL
         return Action.RESTART_EXCLUDING_NODES if spec.node_at_fault else Action.RESTART
 
-    def position(self, line: str) -> int | None:
-        """Where the first pattern matches in ``line`` (for evidence windows), or None."""
+    def locate(self, line: str) -> tuple[int | None, str | None]:
+        """Where the first matching pattern matches in ``line``, and the node it names (its ``node`` group)."""
         for regex in self.regexes:
             found = regex.search(line)
             if found:
-                return found.start()
-        return None
+                return found.start(), _node_name(found)
+        return None, None
 
     def matches(self, line: str) -> bool:
         """True when a pattern matches ``line`` and no ``unless`` pattern does."""
         if not any(regex.search(line) for regex in self.regexes):
             return False
         return not any(regex.search(line) for regex in self.unless)
+
+
+def _node_name(found: re.Match[str]) -> str | None:
+    """The node a match names, without the punctuation a sentence puts after it; None when it names none."""
+    if NODE_GROUP not in found.re.groupindex:
+        return None
+    name = (found.group(NODE_GROUP) or "").rstrip(".,;:)]'\"")[:MAX_NODE_NAME]
+    return name if name.isprintable() and name else None
 
 
 def _flags(spec: RuleSpec) -> int:
@@ -231,6 +246,22 @@ def _check_regexes(spec: RuleSpec, source: str) -> None:
                 raise CatalogError(
                     f"{source}: rule {spec.id!r}: field {field!r}: pattern {_shown(pattern)} {problem}"
                 )
+
+
+def _check_named_node(spec: RuleSpec, source: str, rule_id: str) -> None:
+    """A pattern names only the node (``(?P<node>…)``), and a rule that blames only named nodes can name one."""
+    naming = False
+    for pattern in spec.patterns:
+        groups = set(re.compile(pattern).groupindex)
+        if groups - {NODE_GROUP}:
+            raise CatalogError(f"{source}: rule {rule_id}: field 'patterns': pattern {_shown(pattern)} has a named "
+                               f"group other than (?P<{NODE_GROUP}>…): {', '.join(sorted(groups - {NODE_GROUP}))}")
+        naming = naming or NODE_GROUP in groups
+    if not spec.only_named_node:
+        return
+    if not spec.node_at_fault or not naming or spec.reasons or spec.exit_codes:
+        raise CatalogError(f"{source}: rule {rule_id}: field 'only_named_node': needs node_at_fault: true, a pattern "
+                           f"with a (?P<{NODE_GROUP}>…) group, and no reasons or exit_codes (they name no node)")
 
 
 def _loader() -> Any:
@@ -354,6 +385,7 @@ def _checked_specs(text: str, source: str) -> list[RuleSpec]:
             raise CatalogError(f"{source}: rule {rule_id}: field 'prefilter': a prefilter stands in for the "
                                "rule's patterns in the scanning engine; this rule has no patterns")
         _check_regexes(spec, source)
+        _check_named_node(spec, source, rule_id)
         rules.append(spec)
     return rules
 
