@@ -44,6 +44,32 @@ def skip_group(pattern: str, start: int) -> int:
     return index
 
 
+def _escape(pattern: str, index: int, in_class: bool, ignore_case: bool, class_so_far: list[str]) -> str:
+    """The ERE form of the escape ``pattern[index:index + 2]`` (``in_class``: inside a bracket expression,
+    ``class_so_far``: the last two pieces written)."""
+    nxt = pattern[index + 1]
+    if nxt in _CLASS_ESCAPES and not in_class:
+        return _CLASS_ESCAPES[nxt]
+    if nxt == "d" and in_class:
+        return "0-9"
+    if nxt in "-\"'":
+        return nxt
+    if nxt in _CONTROL_ESCAPES:
+        return _CONTROL_ESCAPES[nxt]
+    if nxt == "n" and in_class:
+        empty_so_far = class_so_far[-1:] == ["["] or class_so_far == ["[", "^"]
+        if empty_so_far and pattern.startswith("]", index + 2):
+            raise ValueError(f"a bracket expression of only \\n has no ERE form: {pattern!r}")
+        return ""
+    if nxt == "s" and in_class:
+        return "[:space:]"
+    if nxt == "w" and in_class:
+        return "[:alnum:]_"
+    if nxt.isalpha() and ignore_case and nxt not in "bBsSwW" and not in_class:
+        return f"\\{nxt}"
+    return "\\" + nxt
+
+
 def to_ere(pattern: str, ignore_case: bool) -> str:
     out: list[str] = []
     index = 0
@@ -51,27 +77,9 @@ def to_ere(pattern: str, ignore_case: bool) -> str:
     while index < len(pattern):
         char = pattern[index]
         if char == "\\" and index + 1 < len(pattern):
-            nxt = pattern[index + 1]
-            if nxt in _CLASS_ESCAPES and not in_class:
-                out.append(_CLASS_ESCAPES[nxt])
-            elif nxt == "d" and in_class:
-                out.append("0-9")
-            elif nxt in "-\"'":
-                out.append(nxt)
-            elif nxt in _CONTROL_ESCAPES:
-                out.append(_CONTROL_ESCAPES[nxt])
-            elif nxt == "n" and in_class:
-                empty_so_far = out[-1] == "[" or (out[-1] == "^" and out[-2:-1] == ["["])
-                if empty_so_far and pattern.startswith("]", index + 2):
-                    raise ValueError(f"a bracket expression of only \\n has no ERE form: {pattern!r}")
-            elif nxt == "s" and in_class:
-                out.append("[:space:]")
-            elif nxt == "w" and in_class:
-                out.append("[:alnum:]_")
-            elif nxt.isalpha() and ignore_case and nxt not in "bBsSwW" and not in_class:
-                out.append(f"\\{nxt}")
-            else:
-                out.append(char + nxt)
+            piece = _escape(pattern, index, in_class, ignore_case, out[-2:])
+            if piece:  # \n in a bracket expression is dropped
+                out.append(piece)
             index += 2
             continue
         if not in_class and pattern.startswith("(?:", index):

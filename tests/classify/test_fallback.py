@@ -288,3 +288,18 @@ def test_unrecognised_failures_spend_the_user_code_retry_budget() -> None:
     second, _ = decide(policy, state, AttemptEnd(verdict, ("node-0",)))
     assert second.kind is DecisionKind.FAIL
     assert "no rule recognises, seen 2 times" in second.reason
+
+
+BARE_TRACEBACK = 'Traceback (most recent call last):\n  File "train.py", line 288, in <module>\n    save(state, step)\n'
+
+
+def test_a_bare_traceback_takes_its_layer_from_the_message_logged_right_before_it() -> None:
+    # the log stops inside the traceback: the header says nothing, the line before it says what failed
+    verdict = explain(STEPS + "saving a checkpoint for step 104\nsave failed 3 times, exiting\n" + BARE_TRACEBACK)
+    assert verdict.rule == UNRECOGNISED_FAILURE_RULE
+    assert verdict.category is Category.STORAGE_IO
+    assert verdict.root is not None and verdict.root.evidence.line == "Traceback (most recent call last):"
+    # a step right before the traceback is no message about it; an exception line reads only itself
+    assert explain(STEPS + BARE_TRACEBACK).category is Category.OTHER
+    assert explain("save failed 3 times, exiting\n" + TRACEBACK + "ValueError: bad shape\n").category \
+        is Category.USER_CODE

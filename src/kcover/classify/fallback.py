@@ -359,6 +359,21 @@ def _told_after(texts: list[str], index: int, degraded: frozenset[int] = frozens
     )
 
 
+def _told_before(texts: list[str], index: int) -> tuple[str, ...]:
+    """For a bare ``Traceback`` header (a log that stops inside its frames), the line right before it.
+
+    The header says nothing about the failure; the message the program logged
+    just before its traceback ("save failed 3 times, exiting") does.  Any other
+    evidence line says it itself: nothing before it is read.
+    """
+    if not _TRACEBACK.match(texts[index]):
+        return ()
+    before = next((text for text in reversed(texts[:index]) if text.strip()), None)
+    if before is None or _EPILOGUE.match(before) or _goes_on(strip_stamp(before)):
+        return ()
+    return (before,)
+
+
 def lines_before(tail: Tail, line_number: int, count: int) -> list[str]:
     """The messages of up to ``count`` lines before line ``line_number`` of the log, those the tail holds."""
     lines, first = _tail_lines(tail)
@@ -381,7 +396,7 @@ def failure_line(tail: Tail) -> tuple[LogLine, int, Kind, tuple[str, ...]] | Non
     if index is None or index in survived:  # the last line may be one the job survived
         return None
     kind = kind_of(texts, index) or Kind.ERROR
-    return lines[index], first + index, kind, _told_after(texts, index, degraded)
+    return lines[index], first + index, kind, _told_before(texts, index) + _told_after(texts, index, degraded)
 
 
 def unrecognised_fault(source: SourceInfo, line: LogLine, line_number: int, after: Sequence[str] = ()) -> Fault:
