@@ -295,11 +295,18 @@ BARE_TRACEBACK = 'Traceback (most recent call last):\n  File "train.py", line 28
 
 def test_a_bare_traceback_takes_its_layer_from_the_message_logged_right_before_it() -> None:
     # the log stops inside the traceback: the header says nothing, the line before it says what failed
-    verdict = explain(STEPS + "saving a checkpoint for step 104\nsave failed 3 times, exiting\n" + BARE_TRACEBACK)
+    verdict = explain(STEPS + "saving a checkpoint for step 104\ncheckpoint save failed 3 times, exiting\n"
+                      + BARE_TRACEBACK)
     assert verdict.rule == UNRECOGNISED_FAILURE_RULE
     assert verdict.category is Category.STORAGE_IO
     assert verdict.root is not None and verdict.root.evidence.line == "Traceback (most recent call last):"
-    # a step right before the traceback is no message about it; an exception line reads only itself
+    # a step, an INFO line or a retry notice right before the traceback is no message about it
     assert explain(STEPS + BARE_TRACEBACK).category is Category.OTHER
+    for before in ("node-0:811:902 [0] NCCL INFO comm 0x55d1 rank 0 nranks 8 cudaDev 0 busId 1b000 - Init COMPLETE",
+                   "INFO waiting for all ranks at barrier (timeout 1800s)",
+                   "Loading NFS dataset shard 3 from /mnt/nfs/data",
+                   "checkpoint write failed, retrying (1/3)"):
+        assert explain(STEPS + before + "\n" + BARE_TRACEBACK).category is Category.OTHER, before
+    # an exception line reads only itself
     assert explain("save failed 3 times, exiting\n" + TRACEBACK + "ValueError: bad shape\n").category \
         is Category.USER_CODE

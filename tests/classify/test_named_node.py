@@ -73,27 +73,74 @@ def test_a_scheduler_line_that_names_no_failed_node_blames_none(line: str) -> No
     assert verdict.action is Action.RESTART
 
 
-def test_kubectl_get_nodes_blames_the_not_ready_row_whoever_logged_it() -> None:
-    table = (
-        "NAME          STATUS     ROLES    AGE   VERSION\n"
-        "gpu-node-3    Ready      <none>   41d   v1.29.4\n"
-        "gpu-node-17   NotReady   <none>   41d   v1.29.4\n"
-        "gpu-node-21   Ready      <none>   41d   v1.29.4\n"
-    )
-    verdict = _verdict(table, node="gpu-node-3")
+TABLE = (
+    "NAME          STATUS     ROLES    AGE   VERSION\n"
+    "gpu-node-3    Ready      <none>   41d   v1.29.4\n"
+    "gpu-node-17   NotReady   <none>   41d   v1.29.4\n"
+    "gpu-node-21   Ready      <none>   41d   v1.29.4\n"
+)
+
+
+def test_a_pasted_kubectl_table_blames_its_not_ready_row() -> None:
+    verdict = _verdict(TABLE, node=None)  # a pasted log: no node known for its source
     assert verdict.category is Category.INFRA_K8S
     assert verdict.nodes == ("gpu-node-17",)
-    # without a source node (a pasted table given to `kcover explain`) the node is still named
-    assert _verdict(table, node=None).nodes == ("gpu-node-17",)
+    both = _verdict(TABLE.replace("gpu-node-21   Ready   ", "gpu-node-21   NotReady"), node=None)
+    assert both.nodes == ("gpu-node-17", "gpu-node-21")  # lines alike but for the node are two faults
+    old_kubectl = _verdict("docker3005.se.example.net   NotReady   18h       v1.7.0\n", node=None)
+    assert old_kubectl.nodes == ("docker3005.se.example.net",)  # kubectl < 1.8 has no ROLES column
+
+
+def test_a_workers_log_naming_another_node_blames_the_workers_own_node() -> None:
+    # a job's log is the job's text: a line in it must not move another node's pods (it did blame its own before)
+    assert _verdict(TABLE, node="gpu-node-3").nodes == ("gpu-node-3",)
+    named = _verdict("Normal   NodeNotReady  2m  kubelet  Node gpu-node-9 status is now: NodeNotReady\n",
+                     node="gpu-node-4")
+    assert named.nodes == ("gpu-node-4",)
+    assert _verdict("Normal   NodeNotReady  2m  kubelet  Node gpu-node-9 status is now: NodeNotReady\n",
+                    node=None).nodes == ("gpu-node-9",)
+
+
+@pytest.mark.parametrize("line", ["Status   NotReady\n", "raylet   NotReady   since 12:00\n"])
+def test_a_not_ready_line_that_is_no_kubectl_row_names_no_node(line: str) -> None:
+    verdict = _verdict(line, node=None)
+    assert verdict.root is not None and verdict.root.rule == "k8s.node-lost"
+    assert verdict.nodes == ()
 
 
 def test_a_not_ready_sign_that_names_no_node_blames_the_node_whose_log_holds_it() -> None:
     verdict = _verdict("May 14 03:14:40 gpu-node-a17 systemd[1]: kubelet.service: Main process exited, "
                        "code=exited, status=1/FAILURE\n", node="gpu-node-a17")
     assert verdict.nodes == ("gpu-node-a17",)
-    named = _verdict("Normal   NodeNotReady  2m  kubelet  Node gpu-node-9 status is now: NodeNotReady\n",
-                     node="gpu-node-4")
-    assert named.nodes == ("gpu-node-9",)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "srun: error: Node failure on gpu-[01-02]",  # a Slurm host list names no one node
+        "srun: error: Node failure on gpu-[01-02,07]",
+        "srun: error: Task launch for StepId=4412.3 failed on node gpu-a05: Job credential revoked",
+        "srun: error: Task launch for StepId=4412.3 failed on node gpu-a05: No such file or directory",
+    ],
+)
+def test_a_host_list_or_a_launch_refused_for_the_jobs_own_reasons_blames_no_node(line: str) -> None:
+    verdict = _verdict(STEPS + line + "\n")
+    assert verdict.root is not None and verdict.root.rule == "slurm.node-failure"
+    assert verdict.nodes == () and verdict.action is Action.RESTART
+
+
+def test_trailing_punctuation_is_no_part_of_the_name() -> None:
+    assert _verdict("srun: error: Node failure on gpu-a05-\n").nodes == ("gpu-a05",)
+
+
+def test_several_failed_nodes_in_one_log_are_all_blamed_in_either_order() -> None:
+    cancelled = ("slurmstepd: error: *** JOB 4412 ON gpu-a03 CANCELLED AT 2025-02-11T03:14:07 DUE TO NODE FAILURE, "
+                 "SEE SLURMCTLD LOG FOR DETAILS ***\n")
+    failures = "srun: error: Node failure on gpu-a05\nsrun: error: Node failure on gpu-a06\n"
+    for text in (cancelled + failures, failures + cancelled):
+        verdict = _verdict(STEPS + text)
+        assert verdict.nodes == ("gpu-a05", "gpu-a06")
+        assert verdict.node_at_fault and verdict.action is Action.RESTART_EXCLUDING_NODES
 
 
 def test_two_sources_naming_two_failed_nodes_blame_both_once() -> None:
@@ -107,12 +154,16 @@ def test_two_sources_naming_two_failed_nodes_blame_both_once() -> None:
     assert fallback_faults(collector.tails) == []  # the logs end in the named failure, nothing unexplained
 
 
-def test_a_megabyte_node_name_is_cut_to_a_host_name_in_bounded_time() -> None:
+@pytest.mark.parametrize("name", ["a" * (1 << 20), "a." * (1 << 19), "-" * (1 << 20)])
+def test_a_megabyte_node_name_names_no_node_in_bounded_time(name: str) -> None:
     started = time.perf_counter()
-    verdict = _verdict("srun: error: Node failure on " + "a" * (1 << 20) + "\n")
+    verdict = _verdict("srun: error: Node failure on " + name + "\n")
     assert time.perf_counter() - started < 20
     assert verdict.root is not None and verdict.root.rule == "slurm.node-failure"
-    assert len(verdict.nodes) == 1 and verdict.nodes[0] == "a" * 253
+    assert verdict.nodes == ()  # longer than any host name (253): no node is named
+    kubectl = _verdict(name + "   NotReady   <none>   41d   v1.29.4\n", node=None)
+    assert time.perf_counter() - started < 40
+    assert kubectl.nodes == ()
 
 
 RULE = """

@@ -45,9 +45,9 @@ def test_hardware_fault_excludes_the_node_and_uses_a_spare() -> None:
 
 
 def test_a_log_naming_a_node_outside_the_job_excludes_nothing_there() -> None:
-    """A worker's log may name any node (``kubectl get nodes`` printed by a job, a hostile line): only the job's
+    """A worker's log may name any node (Slurm's node failure, a hostile line): only the job's
     own nodes are ever excluded, so a job cannot get another job's node drained."""
-    verdict = verdict_on("gpu-node-77   NotReady   <none>   41d   v1.29.4\n")
+    verdict = verdict_on("srun: error: Node failure on gpu-node-77\n")
     assert verdict.nodes == ("gpu-node-77",) and verdict.action is Action.RESTART_EXCLUDING_NODES
     decision, state = decide(RecoveryPolicy(), RecoveryState(spares=("node-2",)), AttemptEnd(verdict, NODES))
     assert decision.kind is DecisionKind.RESTART

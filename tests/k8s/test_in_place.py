@@ -17,11 +17,13 @@ from typing import Any
 import pytest
 from tests.k8s.test_reconcile import XID, FakeClock, current, fake_reconciler, job_body, pod_body, put
 
+from kcover import explain
 from kcover.classify.exit_codes import describe_exit, rule_for_exit
 from kcover.classify.matcher import default_matcher
 from kcover.faults import Evidence, Fault
 from kcover.k8s import wire
 from kcover.k8s.names import IN_PLACE, POD_FAULTS, POD_STATE
+from kcover.k8s.operator import inplace, standby
 from kcover.k8s.operator.assess import assess
 from kcover.k8s.operator.policy import JobPolicy
 from kcover.k8s.operator.record import RecoveryPhase, RecoveryRecord, RestartMethod, RestartStep
@@ -273,3 +275,17 @@ def test_huge_numbers_in_a_pods_annotations_are_ignored_never_a_crash() -> None:
     assert (view.ordered, view.faults, view.status) == (None, (), None)
     body["metadata"]["annotations"]["kcover.io/generation"] = "1000000001"
     assert pod_view(body).ordered is None
+
+
+def test_a_node_named_in_a_log_but_running_none_of_the_jobs_pods_does_not_stop_an_in_place_restart() -> None:
+    """Slurm's "Node failure on gpu-77" in a worker's log blames gpu-77; the job's pods run on n0 and n1."""
+    verdict = explain("srun: error: Node failure on gpu-77\n", source="p0/main")
+    assert verdict.nodes == ("gpu-77",) and verdict.node_at_fault
+    pods = [kcover_pod("p0", "n0", state=PodState.FAILED), kcover_pod("p1", "n1")]
+    choice = inplace.choose(pods, verdict, (), RecoveryRecord(), JobPolicy())
+    assert choice.order is not None, choice.why
+    assert standby.choose(pods, verdict, (), RecoveryRecord(), JobPolicy()) is None
+    # the same line naming a node of the job moves that node's pod
+    named = explain("srun: error: Node failure on n1\n", source="p0/main")
+    moved = inplace.choose(pods, named, (), RecoveryRecord(), JobPolicy())
+    assert moved.order is None and moved.why == "pods restarted: n1 is blamed, its pod must move"

@@ -85,6 +85,9 @@ def attribute(
             warnings=tuple(warnings),
         )
     implicated = [fault for fault, _ in fatal if fault.rule == root.rule]
+    # a line naming the failed node outranks one of the same rule naming none (Slurm's "JOB … CANCELLED
+    # DUE TO NODE FAILURE" before "Node failure on gpu-a05"), whatever their order
+    root = next((fault for fault in implicated if fault.node_at_fault), root)
     ranks = sorted(_unique(fault.rank for fault in implicated))
     nodes = _unique(fault.node for fault in implicated if fault.node_at_fault)
     where = f" on {', '.join(nodes)}" if nodes else (f" on rank {ranks[0]}" if len(ranks) == 1 else "")

@@ -62,19 +62,23 @@ def fault_from_rule(rule: Rule, evidence: Evidence, count: int = 1) -> Fault:
 def evidence_of(source: SourceInfo, hit: Hit) -> Evidence:
     """The evidence of one hit: the line (cut around the match), where it was, and its rank and node.
 
-    The node is the one the line names when its pattern names one (``kubectl get nodes`` showing
-    ``gpu-7  NotReady``), else the source's; a rule that blames only named nodes takes no other.
+    The node is the source's.  A rule that blames only named nodes (a scheduler's report about
+    another node) takes the node its line names, or none.  Other rules take the node the line
+    names (``kubectl get nodes`` showing ``gpu-7  NotReady``) only for a source of no known node,
+    a pasted log: a worker's log is the job's own text, and a line in it naming another node
+    must not move that node's pods.
     """
     line = hit.line
     found, named = hit.rule.locate(line.message)
     position = None if found is None else line.message_at + found  # confirmed on the line's message
+    node = named if hit.rule.spec.only_named_node else source.node or named or line.node
     return Evidence(
         source=source.name,
         line=evidence_text(line.text, position),
         line_number=hit.line_number,
         timestamp=line.timestamp,
         rank=line.rank if line.rank is not None else source.rank,
-        node=named or (None if hit.rule.spec.only_named_node else source.node or line.node),
+        node=node,
     )
 
 
@@ -100,7 +104,10 @@ class FaultCollector:
     def add_hit(self, source: SourceInfo, hit: Hit) -> Fault | None:
         """Record one hit; returns the new fault, or ``None`` when it only raised a count."""
         self._changes += 1
-        key = (source.name, hit.rule.id, line_shape(hit.line.text))
+        shape = line_shape(hit.line.text)
+        if hit.rule.names_nodes:  # lines alike but for the node they name are different faults
+            shape += "\0" + (hit.rule.locate(hit.line.message)[1] or "")
+        key = (source.name, hit.rule.id, shape)
         if hit.rule.spec.severity is not Severity.FATAL:
             numbers = self._degraded_at.get(source)
             if numbers is None:

@@ -363,14 +363,18 @@ def _told_before(texts: list[str], index: int) -> tuple[str, ...]:
     """For a bare ``Traceback`` header (a log that stops inside its frames), the line right before it.
 
     The header says nothing about the failure; the message the program logged
-    just before its traceback ("save failed 3 times, exiting") does.  Any other
-    evidence line says it itself: nothing before it is read.
+    just before its traceback ("checkpoint save failed 3 times, exiting") does,
+    when it says something failed.  Any other evidence line says it itself:
+    nothing before it is read.
     """
     if not _TRACEBACK.match(texts[index]):
         return ()
     before = next((text for text in reversed(texts[:index]) if text.strip()), None)
-    if before is None or _EPILOGUE.match(before) or _goes_on(strip_stamp(before)):
+    if before is None or _EPILOGUE.match(before):
         return ()
+    head = strip_stamp(before)
+    if not says_failed(head) or _RECOVERY.search(head) or _goes_on(head):
+        return ()  # an INFO line, a step or a retry notice is not the failure's message
     return (before,)
 
 

@@ -37,7 +37,7 @@ import stat
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, cached_property
 from importlib import resources
 from pathlib import Path
 from typing import Any, overload
@@ -184,6 +184,11 @@ class Rule:
             return Action.FAIL
         return Action.RESTART_EXCLUDING_NODES if spec.node_at_fault else Action.RESTART
 
+    @cached_property
+    def names_nodes(self) -> bool:
+        """Whether a pattern of this rule names a node (``(?P<node>…)``)."""
+        return any(f"(?P<{NODE_GROUP}>" in pattern for pattern in self.spec.patterns)
+
     def locate(self, line: str) -> tuple[int | None, str | None]:
         """Where the first matching pattern matches in ``line``, and the node it names (its ``node`` group)."""
         for regex in self.regexes:
@@ -203,7 +208,7 @@ def _node_name(found: re.Match[str]) -> str | None:
     """The node a match names, without the punctuation a sentence puts after it; None when it names none."""
     if NODE_GROUP not in found.re.groupindex:
         return None
-    name = (found.group(NODE_GROUP) or "").rstrip(".,;:)]'\"")[:MAX_NODE_NAME]
+    name = (found.group(NODE_GROUP) or "").rstrip(".,;:)]'\"-")[:MAX_NODE_NAME]
     return name if name.isprintable() and name else None
 
 

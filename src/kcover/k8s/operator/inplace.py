@@ -45,6 +45,18 @@ def failure_step(pods: Sequence[PodView], verdict: Verdict) -> int | None:
     return verdict.root.evidence.step if verdict.root is not None else None
 
 
+def blamed_on_job(pods: Sequence[PodView], verdict: Verdict, excluded: Sequence[str]) -> tuple[str, ...]:
+    """The job's nodes the failure blames: those excluded, else the verdict's nodes that run a pod of the job.
+
+    A log line may name any node (Slurm's "Node failure on gpu-77"); one that runs none of
+    the job's pods is not the job's to move away from.
+    """
+    if excluded:
+        return tuple(excluded)
+    mine = {p.node for p in pods if p.node}
+    return tuple(node for node in verdict.nodes if node in mine)
+
+
 def choose(pods: Sequence[PodView], verdict: Verdict, excluded: Sequence[str], record: RecoveryRecord,
            policy: JobPolicy) -> Choice:
     """Whether the failure of a job with these current pods is restarted in place (standby pods, which run no
@@ -52,9 +64,9 @@ def choose(pods: Sequence[PodView], verdict: Verdict, excluded: Sequence[str], r
     pods = [p for p in pods if not p.stands_by]
     if not policy.in_place:
         return Choice(None, "pods restarted: in-place restart is off for this job")
-    if excluded or verdict.node_at_fault:
-        blamed = ", ".join(excluded or verdict.nodes) or "a node"
-        return Choice(None, f"pods restarted: {blamed} is blamed, its pod must move")
+    blamed = blamed_on_job(pods, verdict, excluded)
+    if blamed or (verdict.node_at_fault and not verdict.nodes):
+        return Choice(None, f"pods restarted: {', '.join(blamed) or 'a node'} is blamed, its pod must move")
     if not pods:
         return Choice(None, "pods restarted: the job has no running pod")
     without = [p.name for p in pods if not p.restartable_in_place]

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 
 from kcover.faults import Verdict
-from kcover.k8s.operator.inplace import Choice, failure_step
+from kcover.k8s.operator.inplace import Choice, blamed_on_job, failure_step
 from kcover.k8s.operator.policy import JobPolicy
 from kcover.k8s.operator.record import InPlaceOrder, RecoveryRecord
 from kcover.k8s.operator.views import JobView, PodView
@@ -79,7 +79,7 @@ def assignments(pods: Sequence[PodView], ranks: int, handed: Collection[int] = (
 def choose(pods: Sequence[PodView], verdict: Verdict, excluded: Sequence[str], record: RecoveryRecord,
            policy: JobPolicy) -> Choice | None:
     """Hand the blamed nodes' ranks to standbys; None when no node is blamed (the in-place choice stands)."""
-    blamed = set(excluded or verdict.nodes)
+    blamed = set(blamed_on_job(pods, verdict, excluded))
     if not blamed or not policy.in_place:
         return None
     going = [p for p in pods if p.node in blamed and not p.deleting]
