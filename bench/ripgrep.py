@@ -10,7 +10,8 @@ is left out; both are counted so the report says what was compared.
 Other differences are spelled the Rust way: case-insensitive rules become
 ``(?i:…)``, ``\\Z`` becomes ``\\z``, ``\\uXXXX`` becomes ``\\x{XXXX}``, escaped
 punctuation that Rust does not treat as special (``\\'``, ``\\"``, ``\\/``)
-becomes the bare character, and ``[``, ``&``, ``~`` inside a class and a brace
+becomes the bare character, a named group (``(?P<node>``) becomes ``(?:`` (rg joins the
+patterns into one regex, where a name may appear once), and ``[``, ``&``, ``~`` inside a class and a brace
 that is not a repetition are escaped.
 
 :func:`find_ripgrep` finds ``rg`` or, when running as root with ``apt-get``,
@@ -33,6 +34,7 @@ from kcover.classify.rules import Rule
 _LOOKAROUND = ("(?!", "(?<!", "(?<=", "(?=")
 _RUST_META = set("\\.+*?()|[]{}^$#&-~")
 _REPETITION = re.compile(r"\{\d*(?:,\d*)?\}")
+_NAMED_GROUP = re.compile(r"\(\?P<\w+>")
 _UNICODE_ESCAPE = re.compile(r"u([0-9a-fA-F]{4})|U([0-9a-fA-F]{8})")
 INSTALL_SECONDS = 300
 
@@ -79,6 +81,11 @@ def to_rust(pattern: str) -> tuple[str, bool]:
         if pattern.startswith(_LOOKAROUND, index):
             index = skip_group(pattern, index)
             dropped = True
+            continue
+        named = _NAMED_GROUP.match(pattern, index)
+        if named:  # rg joins every pattern into one regex, where a group name may appear only once
+            out.append("(?:")
+            index = named.end()
             continue
         if char == "[":
             in_class = True

@@ -30,6 +30,7 @@ RG = shutil.which("rg")
         (r"a{2,3}b{c}", r"a{2,3}b\{c\}", False),
         (r"[[\]&~x]", r"[\[\]\&\~x]", False),
         (r"end\Z \u00e9", r"end\z \x{00e9}", False),
+        (r"failure on (?P<node>[\w.\-]{1,253})(?![\w.\-\[])", r"failure on (?:[\w.\-]{1,253})", True),
     ],
 )
 def test_python_patterns_are_spelled_the_rust_way(python: str, rust: str, dropped: bool) -> None:
