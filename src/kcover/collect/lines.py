@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -149,6 +149,44 @@ def read_blocks(stream: BinaryIO, block_bytes: int = BLOCK_BYTES) -> Iterator[by
         yield clean_block(data[: cut + 1])
     if carry:
         yield clean_block(carry)
+
+
+def dedent_blocks(blocks: Iterable[bytes]) -> Iterator[bytes]:
+    """The blocks of a log pasted as an indented block, without the indentation its lines share.
+
+    A log copied from an issue thread or a mail is often indented as a whole,
+    and indentation is how a traceback's frames and code are told from its
+    exception line.  The first non-blank line's leading spaces and tabs are the
+    block's indentation, narrowed by any later line indented by a part of it (a
+    paste that begins inside a traceback); it is taken off each line, up to the
+    first line not indented at all, or otherwise (the block ended there; the
+    rest is left as it is).  A log whose first line is not indented, as a
+    program writes it, passes through untouched at no cost.
+    """
+    indent: bytes | None = None
+    for block in blocks:
+        if indent is None:  # cheaply, without splitting the block: does the first non-blank line start flush?
+            body = block.lstrip(b" \t\r\n")
+            start = len(block) - len(body)
+            if body and block.rfind(b"\n", 0, start) + 1 == start:
+                indent = b""
+        if indent == b"" or not block.strip():
+            yield block
+            continue
+        lines = block.split(b"\n")
+        changed = False
+        for index, line in enumerate(lines):
+            if not line.strip():
+                continue
+            leading = line[: len(line) - len(line.lstrip(b" \t"))]
+            if indent is None or (leading and indent.startswith(leading)):
+                indent = leading  # the first line, or one less indented: the block's own indentation
+            if not indent or not line.startswith(indent):
+                indent = b""
+                break
+            lines[index] = line[len(indent) :]
+            changed = True
+        yield b"\n".join(lines) if changed else block
 
 
 @dataclass(frozen=True)
