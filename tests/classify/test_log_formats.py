@@ -13,6 +13,7 @@ indented block's indentation off 31 of 950 did (a traceback's exception line rea
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -153,15 +154,17 @@ def test_an_indented_block_loses_only_the_indentation_its_lines_share() -> None:
     assert b"".join(dedent_blocks(blocks)) == (
         b'Traceback (most recent call last):\n  File "x.py", line 1\n\nKeyError: 1\n'
         b"narrower: taken off in part\nflush left ends the block\n    kept as it is\n")
-    # a paste that begins inside a traceback narrows to a less indented line from there on (a stream:
-    # the lines before it lost the wider indentation)
+    # a paste that begins inside a traceback keeps its frames' own indentation
     assert b"".join(dedent_blocks([b'      File "x.py"\n        x()\n    ValueError: bad\n'])) == (
-        b'File "x.py"\n  x()\nValueError: bad\n')
+        b'  File "x.py"\n    x()\nValueError: bad\n')
+    # a log as a program writes it, even one that begins inside a traceback, is never changed
+    tail = [b'  File "x.py", line 1\n    raise OSError("No space left on device")\nOSError: x\n', b"    y\n"]
+    assert all(a is b for a, b in zip(dedent_blocks(tail), tail, strict=True))
     # a log as programs write it passes through as the same objects
     plain = [b"step 1\n", b"  indented later\n"]
     assert all(a is b for a, b in zip(dedent_blocks(plain), plain, strict=True))
     # mixed tabs and spaces are no shared indentation; a megabyte of blanks is read once
-    assert b"".join(dedent_blocks([b"\tKeyError: 1\n    x\n"])) == b"KeyError: 1\n    x\n"
+    assert b"".join(dedent_blocks([b"\tKeyError: 1\n    x\n"])) == b"\tKeyError: 1\n    x\n"
     huge = b" " * (1 << 20) + b"x\n"
     assert b"".join(dedent_blocks([huge, huge])) == b"x\nx\n"
 
@@ -171,3 +174,21 @@ def test_an_indented_traceback_keeps_its_line_numbers_and_evidence() -> None:
     assert verdict.category is Category.USER_CODE
     assert verdict.root is not None and verdict.root.evidence.line_number == 5
     assert verdict.root.evidence.line == "KeyError: 'labels'"
+
+
+def test_a_log_that_begins_inside_a_traceback_keeps_its_frames() -> None:
+    # a program's log read from the middle (tail, --tail, a rotated file): frames stay frames, code stays code
+    text = ('  File "train.py", line 40, in save\n    raise OSError(errno.ENOSPC, "No space left on device")\n'
+            "KeyError: 'scratch' (skipped, continuing)\n" + "".join(f"step {n} loss 2.{n}\n" for n in range(30)))
+    verdict = explain(text)
+    assert verdict.rule != "storage.no-space"  # the source line under a frame is code, not a message
+    assert explain("log opened\n" + text).category == verdict.category  # nothing taken off
+    assert explain(indented(text)).category == verdict.category
+
+
+def test_an_indented_paste_with_a_line_cut_into_pieces_is_read_in_bounded_time() -> None:
+    text = "    " + "y" * (3 << 20) + "\n" + indented(TRACEBACK) + "\n"
+    started = time.perf_counter()
+    verdict = explain(text)  # the cut line's pieces lack the indentation: the paste counts as ended there
+    assert time.perf_counter() - started < 20
+    assert verdict.category in (None, Category.USER_CODE)

@@ -151,42 +151,64 @@ def read_blocks(stream: BinaryIO, block_bytes: int = BLOCK_BYTES) -> Iterator[by
         yield clean_block(carry)
 
 
+_FLUSH_LINE = re.compile(rb"(?m)^(?=[^ \t\n\r\f\v])")
+"""A line that starts flush left with something on it."""
+_LEADING = re.compile(rb"(?m)^([ \t]+)(?=[^ \t\n\r\f\v])")
+"""The leading spaces and tabs of a line with something after them (blank lines have no say)."""
+
+
+def _shared_prefix(items: list[bytes]) -> bytes:
+    """The longest start every item has (b"" for none)."""
+    if not items:
+        return b""
+    low, high = min(items), max(items)
+    size = next((index for index, (a, b) in enumerate(zip(low, high, strict=False)) if a != b), len(low))
+    return low[:size]
+
+
+def _first_line_lacking(block: bytes, indent: bytes) -> re.Match[bytes] | None:
+    """The start of the first line of ``block`` with something on it that does not begin with ``indent``."""
+    breaks = block.count(b"\n") - block.endswith(b"\n")  # the breaks a line follows, in this block
+    if block.startswith(indent) and block.count(b"\n" + indent) == breaks:
+        return None  # every line has it: counted in C, the common case of a long indented paste
+    return re.search(rb"(?m)^(?!" + re.escape(indent) + rb")(?=[ \t]*[^ \t\n\r\f\v])", block)
+
+
 def dedent_blocks(blocks: Iterable[bytes]) -> Iterator[bytes]:
     """The blocks of a log pasted as an indented block, without the indentation its lines share.
 
     A log copied from an issue thread or a mail is often indented as a whole,
     and indentation is how a traceback's frames and code are told from its
-    exception line.  The first non-blank line's leading spaces and tabs are the
-    block's indentation, narrowed by any later line indented by a part of it (a
-    paste that begins inside a traceback); it is taken off each line, up to the
-    first line not indented at all, or otherwise (the block ended there; the
-    rest is left as it is).  A log whose first line is not indented, as a
-    program writes it, passes through untouched at no cost.
+    exception line.  The first block that is not blank decides: when every line
+    of it is indented, the indentation they all share is taken off each line,
+    narrowed where a later block's line is indented by a part of it, up to the
+    first line indented otherwise or not at all (the paste ended there; the rest
+    is left as it is).  When any line of it starts flush left, as a
+    program writes its log (a tail may begin inside a traceback's frames, whose
+    indentation must stay), nothing is ever changed and the blocks pass through
+    as they are.  Only ``kcover explain`` reads pasted logs: the launcher and
+    the agent read programs' output as it is.
     """
     indent: bytes | None = None
     for block in blocks:
-        if indent is None:  # cheaply, without splitting the block: does the first non-blank line start flush?
-            body = block.lstrip(b" \t\r\n")
-            start = len(block) - len(body)
-            if body and block.rfind(b"\n", 0, start) + 1 == start:
-                indent = b""
-        if indent == b"" or not block.strip():
+        if indent is None and block.strip():
+            indent = b"" if _FLUSH_LINE.search(block) else _shared_prefix(_LEADING.findall(block))
+        if not indent:
             yield block
             continue
-        lines = block.split(b"\n")
-        changed = False
-        for index, line in enumerate(lines):
-            if not line.strip():
-                continue
-            leading = line[: len(line) - len(line.lstrip(b" \t"))]
-            if indent is None or (leading and indent.startswith(leading)):
-                indent = leading  # the first line, or one less indented: the block's own indentation
-            if not indent or not line.startswith(indent):
-                indent = b""
+        pieces: list[bytes] = []
+        rest = block
+        while indent:
+            lacking = _first_line_lacking(rest, indent)
+            head, rest = (rest[: lacking.start()], rest[lacking.start() :]) if lacking else (rest, b"")
+            body = head.replace(b"\n" + indent, b"\n")  # every line of it that is not blank has the indentation
+            pieces.append(body[len(indent) :] if body.startswith(indent) else body)
+            if not lacking:
                 break
-            lines[index] = line[len(indent) :]
-            changed = True
-        yield b"\n".join(lines) if changed else block
+            leading = rest[: len(rest) - len(rest.lstrip(b" \t"))]
+            # indented by a part of it (the block's first lines were more indented): narrow; else the paste ended
+            indent = leading if indent.startswith(leading) else b""
+        yield b"".join(pieces) + rest
 
 
 @dataclass(frozen=True)
