@@ -17,7 +17,8 @@ from kcover.classify.rules import Rule
 
 _CLASS_ESCAPES = {"d": "[0-9]", "D": "[^0-9]"}
 _CONTROL_ESCAPES = {"t": "\t", "r": "\r"}
-_NAMED_GROUP = re.compile(r"\(\?P<\w+>")
+NAMED_GROUP = re.compile(r"\(\?P<\w+>")
+"""The opening of a named group, (?P<node>: both baselines spell it as a plain group."""
 
 
 def skip_group(pattern: str, start: int) -> int:
@@ -86,7 +87,7 @@ def to_ere(pattern: str, ignore_case: bool) -> str:
             out.append("(")
             index += 3
             continue
-        named = None if in_class else _NAMED_GROUP.match(pattern, index)
+        named = None if in_class else NAMED_GROUP.match(pattern, index)
         if named:
             out.append("(")
             index = named.end()

@@ -28,13 +28,12 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.ere import skip_group
+from bench.ere import NAMED_GROUP, skip_group
 from kcover.classify.rules import Rule
 
 _LOOKAROUND = ("(?!", "(?<!", "(?<=", "(?=")
 _RUST_META = set("\\.+*?()|[]{}^$#&-~")
 _REPETITION = re.compile(r"\{\d*(?:,\d*)?\}")
-_NAMED_GROUP = re.compile(r"\(\?P<\w+>")
 _UNICODE_ESCAPE = re.compile(r"u([0-9a-fA-F]{4})|U([0-9a-fA-F]{8})")
 INSTALL_SECONDS = 300
 
@@ -82,7 +81,7 @@ def to_rust(pattern: str) -> tuple[str, bool]:
             index = skip_group(pattern, index)
             dropped = True
             continue
-        named = _NAMED_GROUP.match(pattern, index)
+        named = NAMED_GROUP.match(pattern, index)
         if named:  # rg joins every pattern into one regex, where a group name may appear only once
             out.append("(?:")
             index = named.end()
