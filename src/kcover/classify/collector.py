@@ -24,7 +24,7 @@ from kcover.classify.fallback import TAIL_LINES, Tail, TailKeeper, lines_before
 from kcover.classify.matcher import Hit
 from kcover.classify.rules import UNLESS_AFTER_LINES, Rule
 from kcover.classify.vocabulary import layer_of
-from kcover.collect.lines import evidence_text, line_shape
+from kcover.collect.lines import evidence_text, line_shape, parse_line
 from kcover.collect.sources import SourceInfo
 from kcover.faults import Evidence, Fault, Severity
 
@@ -41,7 +41,8 @@ def fault_from_rule(rule: Rule, evidence: Evidence, count: int = 1) -> Fault:
     rest of the rule (retries, blame) stays.
     """
     spec = rule.spec
-    category = (layer_of([evidence.line]) if spec.refine_by_words else None) or spec.category
+    words = parse_line(evidence.line.encode()).message if spec.refine_by_words else ""  # not a prefix's words
+    category = (layer_of([words]) if words else None) or spec.category
     node_at_fault = spec.node_at_fault and (evidence.node is not None or not spec.only_named_node)
     title = spec.title if category is spec.category else f"{spec.title}; its words name {category.value}"
     return Fault(

@@ -58,8 +58,13 @@ class PatternEntry:
     @property
     def unanchored(self) -> str:
         # Lines are re-checked by Python after normalisation (CRI and launcher
-        # prefixes stripped), so a leading anchor must not hide a raw-block hit.
-        return self.pattern.removeprefix("^")
+        # prefixes stripped, trailing blanks dropped), so a leading anchor must not
+        # hide a raw-block hit, nor a line's trailing spaces (a terminal's copy pads
+        # lines with them) a line-end anchor.
+        pattern = self.pattern.removeprefix("^")
+        if pattern.endswith("$") and not pattern.endswith("\\$"):
+            pattern = pattern[:-1] + "[ \t]*$"
+        return pattern
 
 
 def pattern_entries(rules: Sequence[Rule]) -> list[PatternEntry]:

@@ -44,9 +44,7 @@ _HEAD_BYTES = 512
 _CUT = "…"
 CacheKey = tuple[str, frozenset[int]]
 _LEADING_STAMP = re.compile(r"^\[?[\d\-T:., Z+]{8,}\]?\s*")
-_PREFIX = rb"^(?:\S+ std(?:out|err) [FP] )?(?:\[(?:rank|default)?\d+\]:|\[\d+,\d+\]<std\w+>:)?"
-_FRAME = re.compile(_PREFIX + rb"\s+File \"")
-_INDENTED = re.compile(_PREFIX + rb"\s")
+_FRAME = re.compile(r'\s+File "')
 
 
 @dataclass(frozen=True)
@@ -155,18 +153,18 @@ class Matcher:
             counted_to = start
             stop = block.find(b"\n", start)
             raw = block[start:] if stop < 0 else block[start:stop]
-            if _is_traceback_code(block, start, raw):
+            line = parse_line(raw if len(raw) <= WHOLE_LINE_BYTES else raw[:_HEAD_BYTES])
+            if _is_traceback_code(block, start, line.message):
                 continue
-            classified = self._classify_raw(raw, hits)
+            classified = self._classify_raw(raw, hits, line)
             if classified is not None:
                 found.append(Hit(line_number=line_number, line=classified[1], rule=classified[0]))
         return found, line_number - first_line + block.count(b"\n", counted_to)
 
-    def _classify_raw(self, raw: bytes, hits: list[tuple[int, int]]) -> tuple[Rule, LogLine] | None:
-        """The winner of one raw line given the engine's hits in it, with the line as kept."""
+    def _classify_raw(self, raw: bytes, hits: list[tuple[int, int]], line: LogLine) -> tuple[Rule, LogLine] | None:
+        """The winner of one raw line given the engine's hits in it and the line parsed (its head if long)."""
         if len(raw) > WHOLE_LINE_BYTES:
             return self._classify_long(raw, hits, with_prefixes=True)
-        line = parse_line(raw)
         winner = self.classify_text(line.message, _candidates(hits))
         return (winner, line) if winner is not None else None
 
@@ -219,11 +217,11 @@ def _window_text(raw: bytes, start: int, stop: int, with_prefixes: bool) -> str:
     return (_CUT if start > 0 else "") + text + (_CUT if stop < len(raw) else "")
 
 
-def _is_traceback_code(block: bytes, start: int, raw: bytes) -> bool:
-    """A ``File "…"`` frame of a Python traceback, or the source line shown under one."""
-    if _FRAME.match(raw[:_HEAD_BYTES]):
+def _is_traceback_code(block: bytes, start: int, message: str) -> bool:
+    """A ``File "…"`` frame of a Python traceback, or the source line shown under one (by their messages)."""
+    if _FRAME.match(message):
         return True
-    if start == 0 or not _INDENTED.match(raw[:_HEAD_BYTES]):
+    if start == 0 or not message[:1].isspace():
         return False
     previous_start = block.rfind(b"\n", 0, start - 1) + 1
-    return bool(_FRAME.match(block[previous_start : min(start - 1, previous_start + _HEAD_BYTES)]))
+    return bool(_FRAME.match(parse_line(block[previous_start : min(start - 1, previous_start + _HEAD_BYTES)]).message))

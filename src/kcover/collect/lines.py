@@ -20,6 +20,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
+from kcover.collect.prefixes import LAUNCHER_TAG, next_prefix
+
 BLOCK_BYTES = 1 << 20
 MAX_LINE_BYTES = 1 << 20
 EVIDENCE_CHARS = 2000
@@ -28,25 +30,19 @@ SHAPE_CHARS = 500
 
 _ANSI = re.compile(rb"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
 _DOCKER_JSON = b'{"log":"'
+_WEB_TYPOGRAPHY = tuple(
+    (typographic.encode(), plain)
+    for typographic, plain in (("\u2018", b"'"), ("\u2019", b"'"), ("\u201c", b'"'), ("\u201d", b'"'),
+                               ("\u00a0", b" "), ("\u202f", b" "))
+)
+"""Typographic quotes and no-break spaces a web page puts into copied text, and what the program wrote."""
 _LONE_CR = re.compile(rb"\r(?!\n)")
 _CRI = re.compile(r"^(\d{4}-\d\d-\d\dT[\d:.]+(?:Z|[+-]\d\d:\d\d)) (?:stdout|stderr) [FP] ?")
-_LAUNCHER = re.compile(
-    r"(?:\[rank(?P<rank>\d+)\]:\s?|\[default(?P<local>\d+)\]:\s?|\[\d+,(?P<mpi>\d+)\]<std\w+>:\s?)"
-)
 _TIMESTAMP = re.compile(
     r"^\[?(\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?)\]?"
     r"|^\[\s*(\d+\.\d+)\]"
 )
-_QUOTE = re.compile(r" {0,3}(?:> ?)+")
-"""Quote marks of a log pasted into an issue or an e-mail (``> ``, ``>> ``)."""
-_LEADING_TIMESTAMP = re.compile(
-    r"\[?(?P<stamp>\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?)\]?"
-    r"(?: {0,8}[|:\-] | )"
-)
-"""A timestamp and its separator before a message (``2024-05-01T10:00:00.123Z ``, ``[2024-05-01 10:00:00] ``).
-
-One space only: the indentation after it is the message's (a traceback's frames)."""
-_MAX_PREFIXES = 4
+_MAX_PREFIXES = 8
 _NCCL_HOST = re.compile(r"(?:^|\s)([A-Za-z0-9][\w.\-]*):\d+:\d+ \[\d+\] NCCL")
 _DIGITS = re.compile(r"\d+")
 _RANK_IN_TEXT = re.compile(r"\[(?:PG [^\]]*?)?Rank (\d+)\]|\brank[ =:]\s?(\d+)\b", re.IGNORECASE)
@@ -56,6 +52,10 @@ def clean_block(block: bytes) -> bytes:
     """Normalise line breaks and drop colour codes and NULs (cheap when absent).
 
     Docker's ``json-file`` lines are unwrapped first (:func:`docker_json_to_cri`).
+    A log copied from a web page (a forum post, a rendered issue) may carry
+    typographic quotes and no-break spaces where the program wrote ``'``, ``"``
+    and spaces: they are turned back (:data:`_WEB_TYPOGRAPHY`), so a pattern
+    with a quote or a space still matches.
     """
     if _DOCKER_JSON in block:
         block = docker_json_to_cri(block)
@@ -65,6 +65,9 @@ def clean_block(block: bytes) -> bytes:
         block = _ANSI.sub(b"", block)
     if b"\x00" in block:
         block = block.replace(b"\x00", b"")
+    if b"\xe2\x80" in block or b"\xc2\xa0" in block:
+        for typographic, plain in _WEB_TYPOGRAPHY:
+            block = block.replace(typographic, plain)
     return block
 
 
@@ -232,36 +235,35 @@ def parse_line(raw: bytes) -> LogLine:
     """Decode a line and strip CRI and launcher prefixes, keeping what they tell.
 
     The message's start is found past further prefixes, in any order and
-    nesting: rank tags (``[rank3]:``, ``[1,3]<stderr>:``), leading timestamps
-    (``kubectl logs --timestamps``, Python logging's ``2024-05-01
-    10:00:00,123 - ``) and quote marks (``> `` of a log pasted into an issue or
-    an e-mail), so a rule anchored at the start of a message (a Python
-    exception line) sees it there.  Indentation is kept: it tells a
+    nesting (:mod:`kcover.collect.prefixes`): rank tags, leading timestamps,
+    quote marks of a log pasted into an issue, the worker's name that a
+    launcher or log aggregator puts before its lines, so a rule anchored at
+    the start of a message (a Python exception line) sees it there; the rank
+    and node they tell are kept.  A logger's level stays in the message.  Indentation is kept: it tells a
     traceback's code from its error.
     """
-    text = raw.decode("utf-8", errors="replace").rstrip("\n")
+    text = raw.decode("utf-8", errors="replace").rstrip()  # trailing blanks are no part of a message
     timestamp = None
     cri = _CRI.match(text)
     if cri:
         timestamp = cri.group(1)
         text = text[cri.end() :]
     rank = None
-    launcher = _LAUNCHER.match(text)
+    launcher = LAUNCHER_TAG.match(text)
     if launcher:
         found = launcher.group("rank") or launcher.group("mpi")
         rank = int(found) if found else None
         text = text[launcher.end() :]
     message_at = 0
+    node = None
     for _ in range(_MAX_PREFIXES):
-        prefix = _QUOTE.match(text, message_at) or _LAUNCHER.match(text, message_at)
-        prefix = prefix or _LEADING_TIMESTAMP.match(text, message_at)
-        if prefix is None or prefix.end() == message_at:
+        prefix = next_prefix(text, message_at)
+        if prefix is None:
             break
-        groups = prefix.groupdict()
-        found = groups.get("rank") or groups.get("mpi")
-        rank = int(found) if found and rank is None else rank
-        timestamp = timestamp or groups.get("stamp")
-        message_at = prefix.end()
+        rank = prefix.rank if rank is None else rank
+        node = node or prefix.node
+        timestamp = timestamp or prefix.timestamp
+        message_at = prefix.end
     if timestamp is None:
         stamp = _TIMESTAMP.match(text)
         if stamp:
@@ -272,7 +274,7 @@ def parse_line(raw: bytes) -> LogLine:
             rank = int(in_text.group(1) or in_text.group(2))
     host = _NCCL_HOST.search(text)
     return LogLine(
-        text=text, timestamp=timestamp, rank=rank, node=host.group(1) if host else None, message_at=message_at
+        text=text, timestamp=timestamp, rank=rank, node=node or (host.group(1) if host else None), message_at=message_at
     )
 
 
@@ -282,7 +284,7 @@ def evidence_text(text: str, around: int | None = None) -> str:
         return text
     centre = around if around is not None else 0
     start = max(0, min(centre - EVIDENCE_CHARS // 2, len(text) - EVIDENCE_CHARS))
-    return f"…{text[start:start + EVIDENCE_CHARS]}… [{len(text)} chars]"
+    return f"…{text[start : start + EVIDENCE_CHARS]}… [{len(text)} chars]"
 
 
 def line_shape(text: str) -> str:
