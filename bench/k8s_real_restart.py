@@ -32,8 +32,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import k8s_restart_latency as latency
 from kcover.testing import TestCluster, find_binaries
+from kcover.testing._core import wait_for
 from kcover.testing._rest import ApiError
 from kcover.testing.realjobs import RESUMED, kill_trainers_on, pod_log, pods_of, trainer_job
 from kcover.testing.realnodes import RealNodePool
@@ -45,7 +45,8 @@ JOB = "train"
 
 def wait(probe: Callable[[], Any]) -> float:
     """When ``probe`` first held (real containers take longer than KWOK's: four minutes at most)."""
-    return latency.wait(probe, timeout=240)
+    wait_for(probe, timeout=240, what="a benchmark step", interval=0.05)
+    return time.monotonic()
 
 
 def live(cluster: TestCluster, namespace: str) -> list[dict[str, Any]]:
