@@ -6,7 +6,8 @@ per-pattern flag), ``(?:`` and a named group ``(?P<node>`` become ``(``, ``\\d``
 and look-ahead and look-behind groups, which ERE lacks, are dropped (grep then searches a superset).
 ``\\t`` and ``\\r`` become the characters themselves (a bracket expression in ERE has no escapes:
 ``[^"\\n]`` would also exclude a backslash and an ``n``), and ``\\n`` in a bracket expression is
-dropped: grep searches line by line, so no line holds a newline to match or exclude.
+dropped: grep searches line by line, so no line holds a newline to match or exclude. An escaped
+``\\]`` in a class moves to the class's front, the one place a bracket expression takes it literally.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def _escape(pattern: str, index: int, in_class: bool, ignore_case: bool, class_s
         return _CLASS_ESCAPES[nxt]
     if nxt == "d" and in_class:
         return "0-9"
-    if nxt in "-\"'":
+    if nxt in "-\"'" or (nxt == "[" and in_class):
         return nxt
     if nxt in _CONTROL_ESCAPES:
         return _CONTROL_ESCAPES[nxt]
@@ -75,8 +76,14 @@ def to_ere(pattern: str, ignore_case: bool) -> str:
     out: list[str] = []
     index = 0
     in_class = False
+    class_open = 0
     while index < len(pattern):
         char = pattern[index]
+        if char == "\\" and pattern.startswith("]", index + 1) and in_class:
+            # a bracket expression has no escapes: a ] is literal only first (after a ^)
+            out.insert(class_open + 1 + (out[class_open + 1 : class_open + 2] == ["^"]), "]")
+            index += 2
+            continue
         if char == "\\" and index + 1 < len(pattern):
             piece = _escape(pattern, index, in_class, ignore_case, out[-2:])
             if piece:  # \n in a bracket expression is dropped
@@ -97,6 +104,7 @@ def to_ere(pattern: str, ignore_case: bool) -> str:
             continue
         if char == "[" and not in_class:
             in_class = True
+            class_open = len(out)
         elif char == "]" and in_class and out and out[-1] != "[":
             in_class = False
         if ignore_case and char.isalpha():

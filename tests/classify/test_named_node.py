@@ -117,16 +117,37 @@ def test_a_not_ready_sign_that_names_no_node_blames_the_node_whose_log_holds_it(
 @pytest.mark.parametrize(
     "line",
     [
-        "srun: error: Node failure on gpu-[01-02]",  # a Slurm host list names no one node
-        "srun: error: Node failure on gpu-[01-02,07]",
+        "srun: error: Node failure on gpu-[01-99]",  # more nodes than one job's failure blames: a partition
+        "srun: error: Node failure on gpu-[01-02",  # no valid host list
         "srun: error: Task launch for StepId=4412.3 failed on node gpu-a05: Job credential revoked",
         "srun: error: Task launch for StepId=4412.3 failed on node gpu-a05: No such file or directory",
     ],
 )
-def test_a_host_list_or_a_launch_refused_for_the_jobs_own_reasons_blames_no_node(line: str) -> None:
+def test_a_long_or_broken_host_list_or_a_launch_refused_for_the_jobs_own_reasons_blames_no_node(line: str) -> None:
     verdict = _verdict(STEPS + line + "\n")
     assert verdict.root is not None and verdict.root.rule == "slurm.node-failure"
     assert verdict.nodes == () and verdict.action is Action.RESTART
+
+
+@pytest.mark.parametrize(
+    ("line", "nodes"),
+    [
+        ("srun: error: Node failure on gpu-[01-02]", ("gpu-01", "gpu-02")),
+        ("srun: error: Node failure on gpu-[01-02,07],cpu-3.", ("gpu-01", "gpu-02", "gpu-07", "cpu-3")),
+        ("srun: error: Node failure on rack[1-2]-n[8-9]", ("rack1-n8", "rack1-n9", "rack2-n8", "rack2-n9")),
+        ("Workload was evicted as there was no replacement for unhealthy node(s): node-1,node-2",
+         ("node-1", "node-2")),
+    ],
+)
+def test_a_host_list_blames_each_of_its_nodes(line: str, nodes: tuple[str, ...]) -> None:
+    verdict = _verdict(STEPS + line + "\n", node=None)
+    assert verdict.nodes == nodes
+    assert verdict.node_at_fault and verdict.action is Action.RESTART_EXCLUDING_NODES
+
+
+def test_a_host_list_cut_by_the_line_length_limit_names_no_node() -> None:
+    names = ",".join(f"gpu-{number:03d}" for number in range(200))  # 1,599 characters: past what is read
+    assert _verdict(STEPS + "srun: error: Node failure on " + names + "\n").nodes == ()
 
 
 def test_trailing_punctuation_is_no_part_of_the_name() -> None:

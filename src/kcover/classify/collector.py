@@ -24,6 +24,7 @@ from kcover.classify.fallback import TAIL_LINES, Tail, TailKeeper, lines_before
 from kcover.classify.matcher import Hit
 from kcover.classify.rules import UNLESS_AFTER_LINES, Rule
 from kcover.classify.vocabulary import layer_of
+from kcover.collect.hostlist import expand as expand_hosts
 from kcover.collect.lines import evidence_text, line_shape, parse_line
 from kcover.collect.sources import SourceInfo
 from kcover.faults import Evidence, Fault, Severity
@@ -60,17 +61,17 @@ def fault_from_rule(rule: Rule, evidence: Evidence, count: int = 1) -> Fault:
     )
 
 
-def evidence_of(source: SourceInfo, hit: Hit) -> Evidence:
+def evidence_of(source: SourceInfo, hit: Hit, named: str | None = None) -> Evidence:
     """The evidence of one hit: the line (cut around the match), where it was, and its rank and node.
 
     The node is the source's.  A rule that blames only named nodes (a scheduler's report about
-    another node) takes the node its line names, or none.  Other rules take the node the line
-    names (``kubectl get nodes`` showing ``gpu-7  NotReady``) only for a source of no known node,
-    a pasted log: a worker's log is the job's own text, and a line in it naming another node
-    must not move that node's pods.
+    another node) takes the node its line names (``named``, one of :func:`named_nodes`), or none.
+    Other rules take the node the line names (``kubectl get nodes`` showing ``gpu-7  NotReady``)
+    only for a source of no known node, a pasted log: a worker's log is the job's own text, and a
+    line in it naming another node must not move that node's pods.
     """
     line = hit.line
-    found, named = hit.rule.locate(line.message)
+    found = hit.rule.locate(line.message)[0]
     position = None if found is None else line.message_at + found  # confirmed on the line's message
     node = named if hit.rule.spec.only_named_node else source.node or named or line.node
     return Evidence(
@@ -81,6 +82,12 @@ def evidence_of(source: SourceInfo, hit: Hit) -> Evidence:
         rank=line.rank if line.rank is not None else source.rank,
         node=node,
     )
+
+
+def named_nodes(hit: Hit) -> tuple[str | None, ...]:
+    """The nodes a hit's line names: one, each of a host list's (``gpu-[01-02]``), or ``(None,)`` for none."""
+    named = hit.rule.locate(hit.line.message)[1] if hit.rule.names_nodes else None
+    return (expand_hosts(named) or (None,)) if named else (None,)
 
 
 class FaultCollector:
@@ -103,22 +110,29 @@ class FaultCollector:
         """The tails and the excused faults as of ``_changes``: a verdict reads both, computed once."""
 
     def add_hit(self, source: SourceInfo, hit: Hit) -> Fault | None:
-        """Record one hit; returns the new fault, or ``None`` when it only raised a count."""
+        """Record one hit; returns the new fault (the last, for a line naming several nodes), or
+        ``None`` when it only raised a count."""
         self._changes += 1
         shape = line_shape(hit.line.text)
-        if hit.rule.names_nodes:  # lines alike but for the node they name are different faults
-            shape += "\0" + (hit.rule.locate(hit.line.message)[1] or "")
-        key = (source.name, hit.rule.id, shape)
         if hit.rule.spec.severity is not Severity.FATAL:
             numbers = self._degraded_at.get(source)
             if numbers is None:
                 numbers = self._degraded_at[source] = deque(maxlen=TAIL_LINES)
             numbers.append(hit.line_number)
+        if not hit.rule.names_nodes:
+            return self._add_shaped(source, hit, shape, None)
+        new = None
+        for named in named_nodes(hit):  # lines alike but for the node they name are different faults
+            new = self._add_shaped(source, hit, shape + "\0" + (named or ""), named) or new
+        return new
+
+    def _add_shaped(self, source: SourceInfo, hit: Hit, shape: str, named: str | None) -> Fault | None:
+        key = (source.name, hit.rule.id, shape)
         if key in self._counts:
             self._counts[key] += 1
             self._note_seen(key, hit.line_number)
             return None
-        return self.add(hit.rule, evidence_of(source, hit), key[2])
+        return self.add(hit.rule, evidence_of(source, hit, named), shape)
 
     def add(self, rule: Rule, evidence: Evidence, shape: str | None = None) -> Fault | None:
         """Record a fault seen as ``evidence``; repeats of the same shape are counted."""

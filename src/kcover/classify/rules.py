@@ -56,7 +56,8 @@ MAX_CATALOG_BYTES = 4 << 20
 
 NODE_GROUP = "node"
 """The one named group a pattern may have: the node the line names (a Kubernetes name is at most 253 chars)."""
-MAX_NODE_NAME = 253
+MAX_NODE_LIST = 1000
+"""The most characters of a node group read: a name, or a host list (``gpu-[01-64],cpu-[1-8]``)."""
 
 
 class CatalogError(ValueError):
@@ -205,10 +206,15 @@ class Rule:
 
 
 def _node_name(found: re.Match[str]) -> str | None:
-    """The node a match names, without the punctuation a sentence puts after it; None when it names none."""
+    """The node (or host list) a match names, without the punctuation a sentence puts after it; None for none.
+
+    A host list's closing bracket (``gpu-[01-02]``) is part of it, not punctuation.
+    """
     if NODE_GROUP not in found.re.groupindex:
         return None
-    name = (found.group(NODE_GROUP) or "").rstrip(".,;:)]'\"-")[:MAX_NODE_NAME]
+    name = (found.group(NODE_GROUP) or "")[:MAX_NODE_LIST]
+    while name and name[-1] in ".,;:)]'\"-" and not (name[-1] == "]" and name.count("[") == name.count("]")):
+        name = name[:-1]
     return name if name.isprintable() and name else None
 
 
