@@ -239,8 +239,8 @@ def parse_line(raw: bytes) -> LogLine:
     quote marks of a log pasted into an issue, the worker's name that a
     launcher or log aggregator puts before its lines, so a rule anchored at
     the start of a message (a Python exception line) sees it there; the rank
-    and node they tell are kept.  A logger's level stays in the message.  Indentation is kept: it tells a
-    traceback's code from its error.
+    and node they tell are kept.  A logger's level stays in the message.
+    Indentation is kept: it tells a traceback's code from its error.
     """
     text = raw.decode("utf-8", errors="replace").rstrip()  # trailing blanks are no part of a message
     timestamp = None
