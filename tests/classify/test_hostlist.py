@@ -41,6 +41,7 @@ def test_a_host_list_stands_for_each_of_its_nodes(word: str, nodes: tuple[str, .
         ",".join(f"n{number}" for number in range(MAX_NODES + 1)),
         "gpu 01",  # not a host name
         "a" * 254,
+        "a" + "[1]" * 300,  # every part valid, but the name it makes is longer than a host name
     ],
 )
 def test_what_is_no_valid_short_host_list_names_no_node(word: str) -> None:

@@ -298,6 +298,8 @@ def test_journalctl_kernel_lines_name_their_host() -> None:
          Category.GPU_HARDWARE),
         ("(RayTrainWorker pid=4123, ip=10.0.0.7) RuntimeError: CUDA error: uncorrectable ECC error encountered"
          " [repeated 7x across cluster]\n", Category.GPU_HARDWARE),  # Ray's summary of several nodes' lines
+        ("(raylet, ip=10.0.0.9) RuntimeError: CUDA error: uncorrectable ECC error encountered"
+         " [repeated 3x across cluster]\n", Category.GPU_HARDWARE),
         ("run-gpt3.sh: line 12: 81234 Killed                  python train.py\n", Category.HOST_SYSTEM),
     ],
 )

@@ -15,8 +15,10 @@ from __future__ import annotations
 import re
 
 MAX_NODES = 64
+MAX_NAME = 253
+"""A host name's most characters (RFC 1123): a list expanding to longer names is no host list."""
 _RANGES = re.compile(r"\[([0-9]{1,12}(?:-[0-9]{1,12})?(?:,[0-9]{1,12}(?:-[0-9]{1,12})?){0,63})\]")
-_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,253}")
+_NAME = re.compile(rf"[A-Za-z0-9_.\-]{{1,{MAX_NAME}}}")
 
 
 def expand(word: str) -> tuple[str, ...]:
@@ -24,7 +26,7 @@ def expand(word: str) -> tuple[str, ...]:
     names: list[str] = []
     for item in _top_level_items(word):
         expanded = _expand_item(item)
-        if not expanded:
+        if not expanded or any(len(name) > MAX_NAME for name in expanded):
             return ()
         names.extend(expanded)
         if len(names) > MAX_NODES:

@@ -112,7 +112,7 @@ def next_prefix(text: str, at: int) -> Prefix | None:
         groups = found.groupdict()
         rank = groups["rank"] or groups["mpi"]
         node = groups["ray_ip"] or groups["raylet_ip"] or groups["syslog_host"]
-        if node in _NO_NODE or (node and groups["ray_ip"] and _RAY_DEDUPLICATED in text):
+        if node in _NO_NODE or (node and not groups["syslog_host"] and _RAY_DEDUPLICATED in text):
             node = None
         return Prefix(found.end(), int(rank) if rank else None, node)
     if at == 0 and (first := _line_start(text)) is not None:
