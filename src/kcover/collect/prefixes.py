@@ -18,8 +18,9 @@ These wrap every line a worker writes.  A logger's own head (loguru's
 is not taken off: it is written once per record, not before a traceback's lines,
 and its level is what tells a fatal record from an error the program survived.
 Some prefixes cannot be told from a program's own words by their shape, and
-are not read: ``srun --label``'s ``3: `` is also what
-``/sys/class/infiniband/…/state`` holds (``1: DOWN``); the standard library's
+are not read here: ``srun --label``'s ``3: `` is also what
+``/sys/class/infiniband/…/state`` holds (``1: DOWN``), and is decided per log
+(:mod:`kcover.collect.task_labels`); the standard library's
 ``ERROR:gcsfs:`` names the logger a rule may need; journald's program
 (``systemd-oomd[812]: ``) is part of what a rule reads.  A host's name before
 ``: `` is read only at the very start of a line, only as an address or a
