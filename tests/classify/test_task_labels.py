@@ -16,7 +16,7 @@ from collections.abc import Callable
 import pytest
 from bench.corpus_accuracy import CORPUS, field_split, load_excerpts
 
-from kcover.collect.lines import read_blocks
+from kcover.collect.lines import parse_line, read_blocks
 from kcover.collect.task_labels import DECIDING_BYTES, read_task_labels
 from kcover.explain import explain
 from kcover.faults import Category
@@ -36,7 +36,6 @@ SRUN_FORMS: dict[str, Callable[[str], str]] = {
     "one-task": labelled(lambda _: "0: "),
     "padded": labelled(lambda _: " 3: "),  # 16 tasks: srun pads to the widest number
     "two-tasks-interleaved": labelled(lambda index: f"{index % 2:>3}: "),
-    "heterogeneous-job": labelled(lambda _: "P1 12: "),
 }
 
 
@@ -45,11 +44,16 @@ def relabelled(text: str, chunk: int = 1 << 20) -> str:
     return b"".join(read_task_labels(read_blocks(stream, chunk))).decode()
 
 
+def read_lines(text: str) -> list[tuple[int | None, str]]:
+    """Each line of a log as the scanner reads it: its rank and its message."""
+    return [((line := parse_line(raw.encode())).rank, line.message) for raw in relabelled(text).splitlines()]
+
+
 @pytest.fixture(scope="module")
 def multi_line_excerpts() -> list[tuple[str, str, Category | None]]:
     excerpts = load_excerpts(CORPUS) + field_split("tune")
     several = [e for e in excerpts if sum(1 for line in e.text.splitlines() if line.strip()) >= 2]
-    assert len(several) > 0.8 * len(excerpts)  # 141 of 1,002 are one line
+    assert len(several) > 0.8 * len(excerpts)  # 143 of 1,032 are one line
     return [(e.id, e.text, explain(e.text).category) for e in several]
 
 
@@ -71,7 +75,8 @@ def test_the_task_label_is_the_rank_and_srun_own_lines_pass() -> None:
     verdict = explain(log)
     assert (verdict.category, verdict.ranks) == (Category.USER_CODE, (3,))
     assert verdict.root is not None and verdict.root.evidence.line_number == 4
-    assert relabelled(log).splitlines()[-1] == "srun: error: gpu-01: task 3: Exited with exit code 1"
+    assert verdict.root.evidence.line == "KeyError: 'labels'"  # the mark is never shown
+    assert read_lines(log)[-1] == (None, "srun: error: gpu-01: task 3: Exited with exit code 1")
 
 
 def test_two_tasks_tracebacks_interleaved_name_both_ranks() -> None:
@@ -84,23 +89,47 @@ def test_two_tasks_tracebacks_interleaved_name_both_ranks() -> None:
 def test_the_head_decides_even_when_the_log_arrives_in_small_pieces() -> None:
     log = labelled(lambda _: "1: ")(TRACEBACK)
     assert relabelled(log, chunk=7) == relabelled(log)
-    assert relabelled(log).startswith("[rank1]: Traceback")
+    assert read_lines(log)[0] == (1, "Traceback (most recent call last):")
 
 
 def test_a_script_before_srun_does_not_hide_the_labels() -> None:
     log = "+ srun -l python train.py\nstarting\n" + labelled(lambda _: "2: ")(TRACEBACK * 2)
-    head = ["+ srun -l python train.py", "starting", "[rank2]: Traceback (most recent call last):"]
-    assert relabelled(log).splitlines()[:3] == head
+    head = [(None, "+ srun -l python train.py"), (None, "starting"), (2, "Traceback (most recent call last):")]
+    assert read_lines(log)[:3] == head
 
 
 def test_only_the_logs_width_is_a_label() -> None:
     log = labelled(lambda _: " 5: ")(TRACEBACK) + "\n123: not a label of this log\n"
-    assert relabelled(log).splitlines()[-1] == "123: not a label of this log"
+    assert read_lines(log)[-1] == (None, "123: not a label of this log")
 
 
 def test_only_the_head_decides() -> None:
     head = "plain output line\n" * (DECIDING_BYTES // 18 + 1)
     log = head + labelled(lambda _: "0: ")(TRACEBACK)
+    assert relabelled(log) == log
+
+
+def test_every_task_printing_the_same_line_once_is_labelled() -> None:
+    log = "".join(f"{task:>2}: RuntimeError: NCCL error: unhandled system error\n" for task in range(12))
+    assert read_lines(log)[11] == (11, "RuntimeError: NCCL error: unhandled system error")
+
+
+@pytest.mark.parametrize(
+    "log",
+    [
+        "4: ACTIVE\n4: ACTIVE\n1: DOWN\n4: ACTIVE\n",  # cat /sys/class/infiniband/*/ports/1/state: values, not output
+        "5: LinkUp\n5: LinkUp\n2: Polling\n",  # .../phys_state
+        "1: DOWN\n1: DOWN\n",
+    ],
+)
+def test_port_states_of_several_devices_keep_their_verdict(log: str) -> None:
+    assert relabelled(log) == log
+    assert explain(log).category is Category.NETWORK_INFINIBAND
+
+
+def test_a_heterogeneous_jobs_component_labels_are_not_read() -> None:
+    # P0's task 0 and P1's task 0 are different processes: one rank for both would merge them
+    log = "P0 0: loading shard 1\nP1 0: loading shard 2\nP0 0: KeyError: 'labels'\nP1 0: ValueError: empty\n"
     assert relabelled(log) == log
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from kcover.collect.prefixes import LAUNCHER_TAG, next_prefix
+from kcover.collect.task_labels import MARKED_LABEL
 
 BLOCK_BYTES = 1 << 20
 MAX_LINE_BYTES = 1 << 20
@@ -244,15 +245,19 @@ def parse_line(raw: bytes) -> LogLine:
     """
     text = raw.decode("utf-8", errors="replace").rstrip()  # trailing blanks are no part of a message
     timestamp = None
+    rank = None
+    srun = MARKED_LABEL.match(text)  # srun --label's task number, marked when the whole log was read as labelled
+    if srun:
+        rank = int(srun.group(1))
+        text = text[srun.end() :]
     cri = _CRI.match(text)
     if cri:
         timestamp = cri.group(1)
         text = text[cri.end() :]
-    rank = None
     launcher = LAUNCHER_TAG.match(text)
     if launcher:
         found = launcher.group("rank") or launcher.group("mpi")
-        rank = int(found) if found else None
+        rank = int(found) if found and rank is None else rank
         text = text[launcher.end() :]
     message_at = 0
     node = None
