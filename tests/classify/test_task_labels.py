@@ -99,8 +99,10 @@ def test_a_script_before_srun_does_not_hide_the_labels() -> None:
 
 
 def test_only_the_logs_width_is_a_label() -> None:
-    log = labelled(lambda _: " 5: ")(TRACEBACK) + "\n123: not a label of this log\n"
-    assert read_lines(log)[-1] == (None, "123: not a label of this log")
+    log = labelled(lambda _: " 5: ")(TRACEBACK) + "\n123: not a label of this log\n  : nor this\n5 : nor this\n"
+    left = [(None, "123: not a label of this log"), (None, "  : nor this"), (None, "5 : nor this")]
+    assert read_lines(log)[-3:] == left
+    assert "\x00" not in relabelled(log).split("KeyError")[-1]  # no mark is left where no label is read
 
 
 def test_only_the_head_decides() -> None:

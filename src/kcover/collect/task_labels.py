@@ -74,11 +74,11 @@ def _label_width(head: bytes) -> int | None:
 
 
 def _relabel(width: int) -> re.Pattern[bytes]:
-    """The line break before a label of exactly ``width`` padded characters.
+    """The line break before a label of exactly ``width`` characters: blanks, then digits, then ``: ``.
 
     Starting at the line break lets the regex engine jump from one line break to the next.
     """
-    return re.compile(rb"\n(?=[ \d]{%d}: )" % width)
+    return re.compile(rb"\n(?=[ \d]{%d}: )(?= {0,%d}\d)" % (width, width - 1))
 
 
 def read_task_labels(blocks: Iterable[bytes]) -> Iterator[bytes]:
