@@ -26,8 +26,8 @@ Not read: a heterogeneous job's ``P1  3: `` (its number counts within its
 component, so two components would share ranks), labels behind another
 prefix (a CRI time, a quote mark), and a log whose first lines are mostly
 something else (a long ``set -x`` header).  A log that numbers its lines with a
-process id (``%(process)d: ``) reads as labelled, the pid as its rank: no
-category changes with a rank.
+process id (``%(process)d: ``) or a link's index (``ip -o addr``) reads as
+labelled, the number as its rank: no category changes with a rank.
 
 Only ``kcover explain`` reads pasted and collected logs this way; the launcher
 knows each worker's rank without it.
