@@ -20,6 +20,7 @@ from kcover.classify.attribution import attribute
 from kcover.classify.collector import FaultCollector
 from kcover.classify.matcher import Matcher, default_matcher
 from kcover.collect.lines import dedent_blocks, read_blocks
+from kcover.collect.node_resources import read_node_resources
 from kcover.collect.printable import printable
 from kcover.collect.sources import SourceInfo, find_sources
 from kcover.collect.task_labels import read_task_labels
@@ -31,7 +32,7 @@ def scan_stream(
 ) -> int:
     """Scan a byte stream to its end into ``collector``; returns the number of lines read."""
     lines = 0
-    for block in dedent_blocks(read_task_labels(read_blocks(stream))):
+    for block in dedent_blocks(read_node_resources(read_task_labels(read_blocks(stream)))):
         hits, breaks = matcher.scan_counted(block, lines + 1)
         for hit in hits:
             collector.add_hit(source, hit)

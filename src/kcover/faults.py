@@ -120,9 +120,10 @@ class Fault:
 class Verdict:
     """The conclusion about a whole job: root cause, who is to blame, what to do.
 
-    ``category`` is ``None`` when no fatal fault was found (the job looks healthy
-    or only degraded).  ``nodes`` and ``ranks`` name only the implicated places,
-    never the ranks that merely reported cascade symptoms.
+    ``category`` is ``None`` when no fault was found; with degraded signs only it
+    is the worst sign's, and ``action`` is ``none`` (the job is not stopped).
+    ``nodes`` and ``ranks`` name only the implicated places, never the ranks that
+    merely reported cascade symptoms.
     """
 
     root: Fault | None

@@ -1,0 +1,145 @@
+"""A node description whose allocatable GPUs are below its capacity is a verdict; equal counts are not.
+
+``kubectl describe node`` (Capacity, then Allocatable), ``kubectl get node -o yaml`` and ``-o json``
+(allocatable first) are read; the verdict's evidence is the line that completed the pair, at its
+own line number.  The hostile side: equal counts, counts of two different nodes, a count outside
+its block, ``Allocated resources:``, a header split from its counts by a block boundary, endless
+distinct resource names, a 1 MiB line.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+
+from kcover.collect.lines import read_blocks
+from kcover.collect.node_resources import MAX_COUNTS, _NodeResources, read_node_resources
+from kcover.explain import explain
+from kcover.faults import Category
+
+DESCRIBE = """\
+Name:               gpu-node-7
+Roles:              <none>
+Capacity:
+  cpu:                        128
+  ephemeral-storage:          7441183616Ki
+  memory:                     2113276288Ki
+  nvidia.com/gpu:             {capacity}
+  pods:                       110
+Allocatable:
+  cpu:                        128
+  ephemeral-storage:          6857794809152
+  memory:                     2062682496Ki
+  nvidia.com/gpu:             {allocatable}
+  pods:                       110
+System Info:
+  Machine ID:                 0123
+Allocated resources:
+  Resource           Requests      Limits
+  --------           --------      ------
+  nvidia.com/gpu     0             0
+"""
+
+NODE_YAML = """\
+  status:
+    allocatable:
+      cpu: "48"
+      memory: 263412492Ki
+      nvidia.com/gpu: "{allocatable}"
+      pods: "110"
+    capacity:
+      cpu: "48"
+      memory: 263514892Ki
+      nvidia.com/gpu: "{capacity}"
+      pods: "110"
+    conditions:
+    - type: Ready
+"""
+
+
+def noted(text: str) -> str:
+    return b"".join(read_node_resources(read_blocks(io.BytesIO(text.encode())))).decode()
+
+
+def test_describe_node_with_a_gpu_withdrawn_blames_the_node_gpu() -> None:
+    text = DESCRIBE.format(capacity=8, allocatable=7)
+    verdict = explain(text)
+    assert verdict.category is Category.GPU_HARDWARE
+    assert verdict.rule == "gpu.unallocatable"
+    assert verdict.node_at_fault
+    assert verdict.root is not None
+    evidence = verdict.root.evidence
+    assert evidence.line_number == 13
+    assert "nvidia.com/gpu:             7" in evidence.line
+    assert "(kcover: allocatable nvidia.com/gpu 7 < capacity 8)" in evidence.line
+
+
+def test_node_yaml_offering_no_gpu_is_the_device_plugins_failure() -> None:
+    verdict = explain(NODE_YAML.format(capacity=16, allocatable=0))
+    assert verdict.category is Category.INFRA_K8S
+    assert verdict.rule == "k8s.gpus-not-advertised"
+    assert verdict.node_at_fault
+
+
+def test_node_json_is_read_like_yaml() -> None:
+    status = {"status": {"allocatable": {"cpu": "8", "amd.com/gpu": "6"}, "capacity": {"amd.com/gpu": "8"}}}
+    verdict = explain(json.dumps(status, indent=2))
+    assert verdict.rule == "gpu.unallocatable"
+
+
+def test_equal_counts_change_nothing() -> None:
+    for text in (DESCRIBE.format(capacity=8, allocatable=8), NODE_YAML.format(capacity=4, allocatable=4)):
+        assert noted(text) == text
+        assert explain(text).category is None
+
+
+def test_each_node_is_compared_with_its_own_counts() -> None:
+    healthy = DESCRIBE.format(capacity=8, allocatable=8)
+    broken = DESCRIBE.format(capacity=4, allocatable=3)
+    text = noted(healthy + broken + healthy)
+    assert text.count("(kcover:") == 1
+    assert "allocatable nvidia.com/gpu 3 < capacity 4" in text
+    assert text.splitlines()[len(healthy.splitlines()) + 12].endswith("capacity 4)")
+
+
+def test_a_count_outside_its_block_is_not_the_blocks() -> None:
+    text = "Capacity:\n  nvidia.com/gpu: 8\nConditions:\n  nvidia.com/gpu: 2\nAllocatable:\n  cpu: 4\n"
+    assert noted(text) == text
+    text = "Allocatable: 3\n  nvidia.com/gpu: 2\nCapacity:\n  nvidia.com/gpu: 8\n"  # not a block header
+    assert noted(text) == text
+
+
+def test_a_header_at_the_end_of_one_block_opens_its_counts_in_the_next() -> None:
+    first = b"filler line\n" * 1000 + b"Capacity:\n"
+    second = b"  nvidia.com/gpu: 8\nAllocatable:\n  nvidia.com/gpu: 5\n"
+    out = b"".join(read_node_resources([first, second]))
+    assert out.endswith(b"  nvidia.com/gpu: 5  (kcover: allocatable nvidia.com/gpu 5 < capacity 8)\n")
+    assert out.count(b"\n") == (first + second).count(b"\n")
+
+
+def test_endless_distinct_resource_names_keep_memory_bounded() -> None:
+    reader = _NodeResources()
+    block = "Capacity:\n" + "".join(f"  huawei.com/Ascend{index:06d}: 8\n" for index in range(5000))
+    assert reader.read(block.encode()) == block.encode()
+    assert len(reader.counts) <= MAX_COUNTS
+
+
+def test_a_huge_line_passes_unchanged() -> None:
+    text = "Capacity:\n  nvidia.com/gpu: " + "9" * (1 << 20) + "\nAllocatable:\n  nvidia.com/gpu: 1\n"
+    assert noted(text) == text
+
+
+def test_prefixed_lines_are_read_past_their_prefix() -> None:
+    text = DESCRIBE.format(capacity=8, allocatable=6)
+    for prefix in ("2024-05-01T10:00:00.123456789Z stdout F ", "[pod/gpu-check/main] ", "> "):
+        verdict = explain("".join(prefix + line + "\n" for line in text.splitlines()))
+        assert verdict.rule == "gpu.unallocatable", prefix
+
+
+def test_scheduler_lines_naming_capacity_are_no_counts() -> None:
+    line = (
+        "Warning  OutOfnvidia.com/gpu  3s  kubelet  Node didn't have enough resource: nvidia.com/gpu,"
+        " requested: 8, used: 0, capacity: 7\n"
+    )
+    text = "Capacity:\n" + line * 200 + "Allocatable:\n  nvidia.com/gpu: 2\n"
+    assert "(kcover:" not in noted(text)
