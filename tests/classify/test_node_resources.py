@@ -13,7 +13,7 @@ import io
 import json
 
 from kcover.collect.lines import read_blocks
-from kcover.collect.node_resources import MAX_COUNTS, _NodeResources, read_node_resources
+from kcover.collect.node_resources import MAX_COUNTS, TAIL_READ_BYTES, _NodeResources, read_node_resources
 from kcover.explain import explain
 from kcover.faults import Category
 
@@ -71,7 +71,8 @@ def test_describe_node_with_a_gpu_withdrawn_blames_the_node_gpu() -> None:
     evidence = verdict.root.evidence
     assert evidence.line_number == 13
     assert "nvidia.com/gpu:             7" in evidence.line
-    assert "(kcover: allocatable nvidia.com/gpu 7 < capacity 8)" in evidence.line
+    assert "(kcover: node gpu-node-7: allocatable nvidia.com/gpu 7 < capacity 8)" in evidence.line
+    assert verdict.nodes == ("gpu-node-7",)
 
 
 def test_node_yaml_offering_no_gpu_is_the_device_plugins_failure() -> None:
@@ -100,6 +101,43 @@ def test_each_node_is_compared_with_its_own_counts() -> None:
     assert text.count("(kcover:") == 1
     assert "allocatable nvidia.com/gpu 3 < capacity 4" in text
     assert text.splitlines()[len(healthy.splitlines()) + 12].endswith("capacity 4)")
+
+
+def described(name: str, capacity: int, allocatable: int, pods: int = 40) -> str:
+    """A node's ``kubectl describe`` text with its pods' table (about 5 KB)."""
+    row = "  default   job-{name}-{i:03d}-worker   8 (6%)   8 (6%)   64Gi (3%)   64Gi (3%)   {i}d\n"
+    table = "".join(row.format(name=name, i=i) for i in range(pods))
+    head = DESCRIBE.format(capacity=capacity, allocatable=allocatable).replace("gpu-node-7", name)
+    return head.replace("Allocated resources:", "Non-terminated Pods:\n" + table + "Allocated resources:")
+
+
+def test_a_cluster_of_healthy_nodes_over_many_blocks_gets_no_note() -> None:
+    nodes = "".join(described(f"gpu-{i:04d}", 8 >> (i % 3), 8 >> (i % 3)) for i in range(600))
+    assert len(nodes) > 2 << 20  # several 1 MiB blocks, pairs cut at their ends
+    assert "(kcover:" not in noted(nodes)
+    assert explain(nodes).category is None
+
+
+def test_the_one_broken_node_of_a_cluster_is_named() -> None:
+    nodes = [described(f"gpu-{i:04d}", 8, 8) for i in range(600)]
+    nodes[417] = described("gpu-0417", 8, 5)
+    verdict = explain("".join(nodes))
+    assert verdict.rule == "gpu.unallocatable"
+    assert verdict.nodes == ("gpu-0417",)
+    assert "".join(noted(node) for node in nodes).count("(kcover:") == 1
+
+
+def test_counts_of_a_partial_paste_pair_with_nothing_after_it() -> None:
+    grep = "$ kubectl describe node gpu-small | grep -A4 Allocatable\nAllocatable:\n  cpu: 64\n  nvidia.com/gpu: 4\n"
+    assert "(kcover:" not in noted(grep + described("gpu-big", 8, 8))
+    fragment = 'capacity:\n  cpu: "96"\n  nvidia.com/gpu: "8"\n'
+    assert "(kcover:" not in noted(fragment + NODE_YAML.format(capacity=4, allocatable=4))
+
+
+def test_mig_and_shared_gpu_resources_are_compared_too() -> None:
+    for resource in ("nvidia.com/mig-1g.10gb", "nvidia.com/gpu.shared"):
+        text = f"Capacity:\n  {resource}:  7\nAllocatable:\n  {resource}:  6\n"
+        assert f"allocatable {resource} 6 < capacity 7" in noted(text)
 
 
 def test_a_count_outside_its_block_is_not_the_blocks() -> None:
@@ -143,3 +181,16 @@ def test_scheduler_lines_naming_capacity_are_no_counts() -> None:
     )
     text = "Capacity:\n" + line * 200 + "Allocatable:\n  nvidia.com/gpu: 2\n"
     assert "(kcover:" not in noted(text)
+
+
+def test_a_block_read_whole_is_not_read_again_at_the_next() -> None:
+    """The end of a block that was read is not re-read: a node's allocatable count would pair with the next node's."""
+    for pods in range(30, 90):
+        first = described("gpu-a", 2, 2, pods).encode()
+        tail = first[first.rfind(b"\n", 0, len(first) - TAIL_READ_BYTES) + 1 :]
+        if b"nvidia.com/gpu:             2\n  pods" in tail and b"Capacity:" not in tail:
+            break
+    else:
+        raise AssertionError("no pod count puts a block's end between a node's two counts")
+    second = described("gpu-b", 8, 8).encode()
+    assert b"(kcover:" not in b"".join(read_node_resources([first, second]))

@@ -14,20 +14,26 @@ This reader does: while a log streams past it keeps, per accelerator resource,
 the last value seen in a capacity section and in an allocatable section, and when
 the pair is complete and allocatable is below capacity it appends :data:`NOTE`
 to the line that completed it, ``(kcover: allocatable nvidia.com/gpu 7 <
-capacity 8)``, which the catalog's rules read like any other text
-(``gpu.unallocatable`` for some GPUs gone, ``k8s.gpus-not-advertised`` for none
-offered at all).  A section ends at its first line indented no deeper than its
-header, or :data:`MAX_SECTION_LINES` lines after it.  Each pair is compared once,
-so several nodes described one after another are each compared with their own
-numbers.  Indentation is the message's, past any prefix a launcher, a pod log
-or a paste put before the line (:func:`~kcover.collect.lines.parse_line`).
+capacity 8)``, with ``node NAME: `` before ``allocatable`` when the
+description gave the node's name, which the catalog's rules read like any other
+text (``gpu.unallocatable`` for some GPUs gone, ``k8s.gpus-not-advertised`` for
+none offered at all; both blame the node named).  A section ends at its first
+line indented no deeper than its header, or :data:`MAX_SECTION_LINES` lines
+after it.  Only sibling sections pair (headers at one indentation), each pair is
+compared once, and a new node's name (``Name:``, ``metadata.name``) or a second
+section of one kind forgets a count still waiting, so several nodes described
+one after another are each compared with their own numbers, and a fragment (a
+``grep -A4 Allocatable``) pairs with nothing after it.  Indentation is the
+message's, past any prefix a launcher, a pod log or a paste put before the line
+(:func:`~kcover.collect.lines.parse_line`).
 
 Cheap on any log: most blocks of the stream get one substring search, for
 ``llocatable``: a pair needs an allocatable section, and a capacity section
-before it stands in the same block or at the end of the one before (its last
-:data:`TAIL_READ_BYTES` are kept and read then); a block that follows one with
-a section still open or a count still unpaired is read too, then both are
-forgotten.  In a block read, only the lines where a header word or an
+before it stands in the same block or at the end of the one before (the last
+:data:`TAIL_READ_BYTES` of a block passed over unread are kept, and read then;
+a block read is never read again); a block that follows one with a section
+still open or a count still unpaired is read too, then both are forgotten.  In
+a block read, only the lines where a header word, a ``name`` key or an
 accelerator's name stands before a colon are parsed, and the lines between a
 header and a count (at most :data:`MAX_SECTION_LINES`).
 
@@ -44,17 +50,18 @@ from dataclasses import dataclass, field
 from kcover.collect.lines import parse_line
 
 ACCELERATORS = (
-    r"nvidia\.com/gpu|amd\.com/gpu|gpu\.intel\.com/i915|gpu\.intel\.com/xe|habana\.ai/gaudi"
+    r"nvidia\.com/(?:gpu(?:\.shared)?|mig-[\w.\-]{1,40})|amd\.com/gpu|gpu\.intel\.com/i915|gpu\.intel\.com/xe|habana\.ai/gaudi"
     r"|huawei\.com/Ascend\w{1,20}|aws\.amazon\.com/neuron(?:core|device)?|google\.com/tpu"
 )
 """The resource names of the accelerators' device plugins (NVIDIA, AMD, Intel, Habana, Huawei, AWS, GKE)."""
 
 _NAMES = (
-    b".com/gpu", b"gpu.intel.com/", b"habana.ai/gaudi", b"huawei.com/Ascend",
+    b".com/gpu", b"nvidia.com/mig-", b"gpu.intel.com/", b"habana.ai/gaudi", b"huawei.com/Ascend",
     b"aws.amazon.com/neuron", b"google.com/tpu",
 )
 """Substrings of which one is in every accelerator count line: a block holding none is not read line by line."""
 _WORDS = (b"apacity", b"llocatable")
+_NAME_KEY = (b"Name", b"name")
 _ALLOCATABLE = _WORDS[1]
 """The one word every block of interest holds (with the block before it): the only search most blocks get."""
 TAIL_READ_BYTES = 4096
@@ -68,12 +75,18 @@ _HEADER = re.compile(r'([ \t]*)"?([Cc]apacity|[Aa]llocatable)"?[ \t]*:[ \t]*\{?[
 """A section header as a whole message: indentation, then the word (group 2), then nothing but a JSON brace."""
 _COUNT = re.compile(r'([ \t]*)"?(' + ACCELERATORS + r')"?[ \t]*:[ \t]*"?(\d{1,6})(?!\d)')
 """An accelerator's count at a message's start: indentation, the resource (group 2), the count (group 3)."""
+_NODE_NAME = re.compile(r'([ \t]*)"?[Nn]ame"?[ \t]*:[ \t]*"?([A-Za-z0-9][A-Za-z0-9._\-]{0,252})"?,?[ \t]*')
+"""A ``Name:`` line (``kubectl describe``) or ``name:`` key (``metadata.name``): a new object, its name (group 2)."""
+_CANDIDATE_AFTER_NAME_KEY = re.compile(rb'"?[ \t]*:[ \t]*"?[A-Za-z0-9][A-Za-z0-9._\-]{0,252}"?,?[ \t]*\r?(?:\n|$)')
 _CANDIDATE_AFTER_WORD = re.compile(rb'"?[ \t]*:[ \t]*\{?[ \t]*(?:\n|$)')
 _CANDIDATE_AFTER_NAME = re.compile(rb'[\w.\-/]{0,30}"?[ \t]*:[ \t]*"?\d')
 _NOT_BLANK = re.compile(r"[^ \t]")
+_CANDIDATES = ((_WORDS, _CANDIDATE_AFTER_WORD), (_NAMES, _CANDIDATE_AFTER_NAME), (_NAME_KEY, _CANDIDATE_AFTER_NAME_KEY))
+"""The substrings that make a line worth parsing, each with what must follow it."""
 
-NOTE = "(kcover: allocatable {resource} {allocatable} < capacity {capacity})"
-"""Appended to the line that completes a pair whose allocatable count is below its capacity."""
+NOTE = "(kcover: {node}allocatable {resource} {allocatable} < capacity {capacity})"
+"""Appended to the line that completes a pair whose allocatable count is below its capacity; ``node`` is
+``node NAME: `` when the description named its node, else empty."""
 
 
 @dataclass
@@ -96,7 +109,7 @@ def _indent(message: str) -> int:
 def _candidate_starts(block: bytes) -> list[int]:
     """Starts of the lines where a header word ends before a line's end, or a name stands before ``: N``."""
     starts = set()
-    for words, after in ((_WORDS, _CANDIDATE_AFTER_WORD), (_NAMES, _CANDIDATE_AFTER_NAME)):
+    for words, after in _CANDIDATES:
         for word in words:
             at = block.find(word)
             while at >= 0:
@@ -114,10 +127,14 @@ def _tail_of(block: bytes) -> bytes:
 @dataclass
 class _NodeResources:
     tail: bytes = b""
-    """The end of the block before, read when the next one holds an allocatable section."""
+    """The end of the block before, if it was passed over unread: read when the next holds an allocatable section."""
     section: _Section | None = None
     counts: dict[tuple[str, str], int] = field(default_factory=dict)
-    """(section, resource) → the count last seen, until its pair is compared."""
+    """(section, resource) → the count last seen, until its pair is compared or a new node begins."""
+    node: str = ""
+    """The name of the node being described (its ``Name:`` or ``metadata.name``), or ``""``."""
+    header_indent: int | None = None
+    """The indentation of the last section header: a name line no deeper begins a new node."""
 
     def read(self, block: bytes) -> bytes:
         if _ALLOCATABLE not in block:
@@ -125,12 +142,12 @@ class _NodeResources:
                 self.tail = _tail_of(block)
                 return block
             block = self._read_named(block)  # what the block before left open may be completed here
-            self.section, self.counts, self.tail = None, {}, _tail_of(block)
+            self.section, self.counts, self.tail = None, {}, b""
             return block
-        if self.section is None and not self.counts:
-            self._read(self.tail)  # a Capacity block may stand just before this block
+        if self.tail:
+            self._read(self.tail)  # the block before was passed over: a capacity section may end it
         block = self._read_named(block)
-        self.tail = _tail_of(block)
+        self.tail = b""
         return block
 
     def _read_named(self, block: bytes) -> bytes:
@@ -175,7 +192,17 @@ class _NodeResources:
         """Read one candidate line's message; the note to append to it, if it completes a short pair."""
         header = _HEADER.fullmatch(message)
         if header:
-            self.section = _Section(header.group(2).lower(), _indent(message))
+            name = header.group(2).lower()
+            indent = _indent(message)
+            if any(kind == name for kind, _ in self.counts) or indent != self.header_indent:
+                self.counts.clear()  # a second section of one kind, or not the other's sibling: no pair
+            self.section = _Section(name, indent)
+            self.header_indent = self.section.indent
+            return None
+        named = _NODE_NAME.fullmatch(message)
+        if named and (self.header_indent is None or _indent(message) <= self.header_indent):
+            self.node, self.section = named.group(2), None
+            self.counts.clear()
             return None
         section = self.section
         if section is None:
@@ -198,7 +225,8 @@ class _NodeResources:
         allocatable, capacity = (count, paired) if section == "allocatable" else (paired, count)
         if allocatable >= capacity:
             return None
-        return NOTE.format(resource=resource, allocatable=allocatable, capacity=capacity).encode()
+        node = f"node {self.node}: " if self.node else ""
+        return NOTE.format(node=node, resource=resource, allocatable=allocatable, capacity=capacity).encode()
 
 
 def read_node_resources(blocks: Iterable[bytes]) -> Iterator[bytes]:
