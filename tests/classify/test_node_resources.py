@@ -194,3 +194,9 @@ def test_a_block_read_whole_is_not_read_again_at_the_next() -> None:
         raise AssertionError("no pod count puts a block's end between a node's two counts")
     second = described("gpu-b", 8, 8).encode()
     assert b"(kcover:" not in b"".join(read_node_resources([first, second]))
+
+
+def test_a_fragment_after_a_named_node_is_not_given_that_name() -> None:
+    fragment = 'status:\n  allocatable:\n    nvidia.com/gpu: "3"\n  capacity:\n    nvidia.com/gpu: "4"\n'
+    text = noted(described("gpu-named", 8, 8) + fragment)
+    assert "(kcover: allocatable nvidia.com/gpu 3 < capacity 4)" in text

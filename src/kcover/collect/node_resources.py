@@ -65,7 +65,7 @@ _NAME_KEY = (b"Name", b"name")
 _ALLOCATABLE = _WORDS[1]
 """The one word every block of interest holds (with the block before it): the only search most blocks get."""
 TAIL_READ_BYTES = 4096
-"""Bytes at a block's end kept for the next block: a Capacity block just before an Allocatable block."""
+"""Bytes at a block's end kept for the next block: a capacity section just before an allocatable one."""
 MAX_SECTION_LINES = 64
 """Lines after a header within which its counts must stand (a node's Capacity section has about ten)."""
 MAX_COUNTS = 64
@@ -77,7 +77,7 @@ _COUNT = re.compile(r'([ \t]*)"?(' + ACCELERATORS + r')"?[ \t]*:[ \t]*"?(\d{1,6}
 """An accelerator's count at a message's start: indentation, the resource (group 2), the count (group 3)."""
 _NODE_NAME = re.compile(r'([ \t]*)"?[Nn]ame"?[ \t]*:[ \t]*"?([A-Za-z0-9][A-Za-z0-9._\-]{0,252})"?,?[ \t]*')
 """A ``Name:`` line (``kubectl describe``) or ``name:`` key (``metadata.name``): a new object, its name (group 2)."""
-_CANDIDATE_AFTER_NAME_KEY = re.compile(rb'"?[ \t]*:[ \t]*"?[A-Za-z0-9][A-Za-z0-9._\-]{0,252}"?,?[ \t]*\r?(?:\n|$)')
+_CANDIDATE_AFTER_NAME_KEY = re.compile(rb'"?[ \t]*:[ \t]*"?[A-Za-z0-9][A-Za-z0-9._\-]{0,252}"?,?[ \t]*(?:\n|$)')
 _CANDIDATE_AFTER_WORD = re.compile(rb'"?[ \t]*:[ \t]*\{?[ \t]*(?:\n|$)')
 _CANDIDATE_AFTER_NAME = re.compile(rb'[\w.\-/]{0,30}"?[ \t]*:[ \t]*"?\d')
 _NOT_BLANK = re.compile(r"[^ \t]")
@@ -196,6 +196,8 @@ class _NodeResources:
             indent = _indent(message)
             if any(kind == name for kind, _ in self.counts) or indent != self.header_indent:
                 self.counts.clear()  # a second section of one kind, or not the other's sibling: no pair
+            if self.header_indent is not None and indent != self.header_indent:
+                self.node = ""  # another document's sections: the name read before is not its node
             self.section = _Section(name, indent)
             self.header_indent = self.section.indent
             return None
