@@ -51,9 +51,14 @@ def test_replace_restarts_on_the_spare_node_when_it_pays(tmp_path: Path) -> None
     assert first["outcome"] == "straggler" and first["root_cause"]["rule"] == "job.straggler"
     assert first["root_cause"]["nodes"] == ["node-1"]
     assert second["nodes"] == ["node-0", "node-2"] and second["outcome"] == "succeeded"
-    [straggler] = doc["stragglers"]
+    # Attempt 2 runs with no spare left: on a loaded 2-core machine a rank there may be reported slow
+    # (8% is the detector's floor), never replaced; attempt 1's one straggler is the injected rank.
+    [straggler] = [found for found in doc["stragglers"] if found["attempt"] == 1]
     assert straggler["action"] == "replaced" and "gain" in straggler["detail"]
-    assert [row[:4] for row in stragglers_in_db(tmp_path / "state")] == [(1, 1, "node-1", "replaced")]
+    assert all(found["action"] == "reported" for found in doc["stragglers"] if found["attempt"] == 2)
+    rows = [row[:4] for row in stragglers_in_db(tmp_path / "state")]
+    assert [row for row in rows if row[0] == 1] == [(1, 1, "node-1", "replaced")]
+    assert all(row[3] == "reported" for row in rows if row[0] == 2)
 
 
 def test_replace_without_a_spare_only_reports(tmp_path: Path) -> None:
