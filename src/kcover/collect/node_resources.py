@@ -178,12 +178,13 @@ class _NodeResources:
         section = self.section
         if section is None or start >= stop:
             return
+        count = block.count(b"\n", start, stop) + (not block.endswith(b"\n", start, stop))
+        if count >= section.lines_left:  # counted before splitting: a long span is never copied line by line
+            self.section = None
+            return
         lines = block[start:stop].split(b"\n")
         if block.endswith(b"\n", start, stop):
             lines.pop()
-        if len(lines) >= section.lines_left:
-            self.section = None
-            return
         section.lines_left -= len(lines)
         if any(0 <= _indent(_message(raw)) <= section.indent for raw in lines):
             self.section = None
