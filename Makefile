@@ -62,6 +62,7 @@ bench: setup
 	$(BIN)/python -m bench.unknown_wording
 	$(BIN)/python -m bench.scan_throughput
 	$(BIN)/python -m bench.scan_memory
+	$(BIN)/python -m bench.packed_throughput
 	$(BIN)/python -m bench.launcher_latency
 	$(BIN)/python -m bench.launcher_overhead
 	$(BIN)/python -m bench.launcher_throughput

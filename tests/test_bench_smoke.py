@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
     [
         ("bench.scan_throughput", ["--size-mb", "0.2", "--re-size-mb", "0.05", "--runs", "1", "--no-install"], "ratio"),
         ("bench.scan_memory", ["--size-mb", "8", "--line-mb", "3"], "peak RSS"),
+        ("bench.packed_throughput", ["--size-mb", "0.5", "--runs", "1"], "ratio .gz / plain"),
         ("bench.corpus_accuracy", [], "fatal category accuracy"),
         ("bench.label_agreement", [], "labellers agree"),
         ("bench.unknown_wording", [], "with the vocabulary"),

@@ -2,7 +2,8 @@
 
 ``kcover.explain(text)`` classifies a string or lines; :func:`explain_paths`
 reads files and folders of per-rank logs (:func:`read_paths` also says how
-many files it read: a verdict from nothing read means nothing);
+many logs it read: a verdict from nothing read means nothing), compressed
+files and archives of logs included (:mod:`kcover.collect.packed`);
 :func:`scan_stream` is the streaming core both use (and the launcher uses for
 live worker output).  Memory stays
 bounded on any input: blocks of about 1 MiB are scanned and only the lines the
@@ -14,13 +15,14 @@ from __future__ import annotations
 import io
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO
 
 from kcover.classify.attribution import attribute
 from kcover.classify.collector import FaultCollector
 from kcover.classify.matcher import Matcher, default_matcher
-from kcover.collect.lines import dedent_blocks, read_blocks
+from kcover.collect.lines import ByteStream, dedent_blocks, read_blocks
 from kcover.collect.node_resources import read_node_resources
+from kcover.collect.packed import open_logs
 from kcover.collect.printable import printable
 from kcover.collect.sources import SourceInfo, find_sources
 from kcover.collect.task_labels import read_task_labels
@@ -28,10 +30,14 @@ from kcover.faults import Verdict
 
 
 def scan_stream(
-    matcher: Matcher, stream: BinaryIO, source: SourceInfo, collector: FaultCollector
+    matcher: Matcher, stream: ByteStream, source: SourceInfo, collector: FaultCollector, *, lines_before: int = 0
 ) -> int:
-    """Scan a byte stream to its end into ``collector``; returns the number of lines read."""
-    lines = 0
+    """Scan a byte stream to its end into ``collector``; returns the number of lines read.
+
+    ``lines_before``: lines of the same source already scanned (its rotated
+    files), so line numbers and the kept tail run on across them.
+    """
+    lines = lines_before
     for block in dedent_blocks(read_node_resources(read_task_labels(read_blocks(stream)))):
         hits, breaks = matcher.scan_counted(block, lines + 1)
         for hit in hits:
@@ -75,10 +81,40 @@ def read_paths(paths: Sequence[Path], *, matcher: Matcher | None = None) -> tupl
     collector = FaultCollector()
     read = 0
     for source in sources:
-        try:
-            with source.path.open("rb") as stream:
-                scan_stream(matcher, stream, source.info, collector)
-            read += 1
-        except OSError as exc:
-            warnings.append(f"{printable(str(source.path))}: cannot read ({exc.strerror or exc}), skipped")
+        lines = 0
+        for path in source.paths:  # a kubelet log's rotated files first: one stream, as `kubectl logs` shows it
+            try:
+                with path.open("rb") as stream:
+                    logs, lines = scan_logs(
+                        matcher, stream, source.info, collector, warnings, seekable=stream.seekable(),
+                        lines_before=lines,
+                    )
+                read += logs
+            except OSError as exc:
+                warnings.append(f"{printable(str(path))}: cannot read ({exc.strerror or exc}), skipped")
     return attribute(collector.faults, warnings, collector.tails), read
+
+
+def scan_logs(
+    matcher: Matcher, stream: IO[bytes], info: SourceInfo, collector: FaultCollector, warnings: list[str],
+    *, seekable: bool, lines_before: int = 0,
+) -> tuple[int, int]:
+    """Scan one file or pipe, unpacked when it is compressed or an archive.
+
+    Returns how many logs were read and the line count of ``info``'s stream
+    (``lines_before`` plus this file's lines; archive members are sources of
+    their own).  Data cut short or damaged is read up to the damage and named
+    in a warning with the line where reading stopped (:mod:`kcover.collect.packed`).
+    """
+    read, lines = 0, lines_before
+    for log in open_logs(stream, info, warnings, seekable=seekable):
+        own = log.info == info
+        ended = scan_stream(matcher, log.stream, log.info, collector, lines_before=lines if own else 0)
+        lines = ended if own else lines
+        read += 1
+        if log.damage is not None:
+            warnings.append(
+                f"{log.info.name}: {log.packing} data cut short or damaged after line {ended} ({log.damage});"
+                " read up to there"
+            )
+    return read, lines

@@ -120,7 +120,7 @@ def test_folder_of_unreadable_files_is_nothing_read(tmp_path: Path) -> None:
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 4 and all("skipped" in line for line in lines[:3])
-    assert lines[3].startswith("kcover: nothing was read: not one of the 3 paths")
+    assert lines[3].startswith(f"kcover: nothing was read: no log in {tmp_path} could be read (3 problems")
     assert json.loads(done.stdout)["status"] == "usage_error"
 
 
@@ -182,3 +182,32 @@ def test_closed_stdin_is_nothing_read_not_a_traceback() -> None:
     assert done.returncode == 2
     assert done.stderr.strip() == "kcover: nothing was read: stdin is closed (give log files or folders, or pipe " \
                                   "logs in)"
+
+
+def test_compressed_logs_on_stdin_and_as_files(tmp_path: Path) -> None:
+    import gzip
+    import zipfile
+
+    piped = kcover("explain", stdin=gzip.compress(b"ok\n" + XID.encode()))
+    assert piped.returncode == 1 and "gpu_hardware" in piped.stdout
+    archive = tmp_path / "logs.zip"
+    with zipfile.ZipFile(archive, "w") as packed:
+        packed.writestr("node-2/rank5.log", XID)
+    refused = kcover("explain", stdin=archive.read_bytes())
+    assert refused.returncode == 2
+    assert refused.stderr == (
+        "kcover: nothing was read: <stdin>: a zip archive cannot be read from a pipe: give its path\n"
+    )
+    document = json.loads(kcover("explain", "--json", str(archive)).stdout)
+    assert document["verdict"]["nodes"] == ["node-2"] and document["verdict"]["ranks"] == [5]
+    cut = tmp_path / "rank0.log.gz"
+    cut.write_bytes(gzip.compress(XID.encode() + bytes(range(256)) * 400)[:-100])
+    done = kcover("explain", str(cut))
+    assert done.returncode == 1 and "gpu_hardware" in done.stdout
+    assert done.stderr.startswith(f"kcover: warning: {cut}: gzip data cut short or damaged after line ")
+    assert "Traceback" not in done.stderr
+    journal = tmp_path / "system.journal"
+    journal.write_bytes(b"LPKSHHRH" + bytes(100))
+    only = kcover("explain", str(journal))
+    assert only.returncode == 2
+    assert only.stderr.startswith(f"kcover: nothing was read: {journal}: a systemd journal file (binary)")

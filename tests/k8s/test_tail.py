@@ -29,3 +29,107 @@ def test_offsets_rotation_truncation_and_forgetting(tmp_path: Path) -> None:
     log.unlink()
     again.forget_missing()
     assert again.cursors == {}
+
+
+def test_lines_written_just_before_a_rotation_are_read_from_the_renamed_file(tmp_path: Path) -> None:
+    log = tmp_path / "0.log"
+    state = tmp_path / "offsets.json"
+    log.write_bytes(b"one\ntwo\n")
+    tailer = Tailer(state)
+    assert tailer.read(log) == (b"one\ntwo\n", 1)
+    with log.open("ab") as out:  # the crash, written between two polls
+        out.write(b"Xid 79\nlast words without a line break")
+    log.rename(tmp_path / "0.log.20261201-101500")  # the kubelet rotates before the next poll
+    (tmp_path / "0.log.20261201-090000.gz").write_bytes(b"\x1f\x8b older, compressed: never read")
+    log.write_bytes(b"fresh\n")
+    assert tailer.read(log) == (b"Xid 79\nlast words without a line break", 3)  # the file is finished
+    assert tailer.read(log) == (b"fresh\n", 1)
+    assert tailer.read(log) is None
+
+
+def test_a_restarted_agent_finishes_the_file_rotated_while_it_was_down(tmp_path: Path) -> None:
+    log = tmp_path / "0.log"
+    state = tmp_path / "offsets.json"
+    log.write_bytes(b"one\n")
+    tailer = Tailer(state)
+    assert tailer.read(log) == (b"one\n", 1)
+    tailer.save()
+    with log.open("ab") as out:
+        out.write(b"two\n")
+    log.rename(tmp_path / "0.log.20261201-101500")
+    log.write_bytes(b"fresh\n")
+    again = Tailer(state)
+    assert again.read(log) == (b"two\n", 2)
+    assert again.read(log) == (b"fresh\n", 1)
+
+
+def test_a_rotated_file_already_compressed_away_starts_the_new_file(tmp_path: Path) -> None:
+    log = tmp_path / "0.log"
+    log.write_bytes(b"one\n")
+    tailer = Tailer()
+    assert tailer.read(log) == (b"one\n", 1)
+    with log.open("ab") as out:
+        out.write(b"lost\n")
+    log.unlink()  # rotated, then compressed (a new inode) before we looked: its rest cannot be found
+    log.write_bytes(b"fresh\n")
+    assert tailer.read(log) == (b"fresh\n", 1)
+
+
+def _rotate(log: Path, stamp: str) -> None:
+    """What the kubelet does: compress the renamed file of the last rotation, rename the log, start a new one."""
+    import gzip
+
+    for renamed in log.parent.glob(log.name + ".*-*"):
+        if renamed.suffix != ".gz":
+            Path(f"{renamed}.gz").write_bytes(gzip.compress(renamed.read_bytes()))
+            renamed.unlink()
+    log.rename(log.with_name(f"{log.name}.{stamp}"))
+    log.write_bytes(b"")
+
+
+def test_two_rotations_between_polls_read_the_file_between_from_its_start(tmp_path: Path) -> None:
+    log = tmp_path / "0.log"
+    log.write_bytes(b"one\n")
+    tailer = Tailer()
+    assert tailer.read(log) == (b"one\n", 1)
+    _rotate(log, "20261201-100000")
+    log.write_bytes(b"two\nXid 79\n")  # never seen by a poll
+    _rotate(log, "20261201-110000")
+    log.write_bytes(b"three\n")
+    assert tailer.read(log) == (b"two\nXid 79\n", 1)  # the first file's rest is compressed away; this one is whole
+    assert tailer.read(log) == (b"three\n", 1)
+    assert tailer.read(log) is None
+
+
+def test_an_agent_down_across_rotations_never_reads_a_reused_inode_from_an_old_offset(tmp_path: Path) -> None:
+    log = tmp_path / "0.log"
+    state = tmp_path / "offsets.json"
+    log.write_bytes(b"a long first line that moves the offset well past the next file's start\n")
+    tailer = Tailer(state)
+    assert tailer.read(log) is not None
+    tailer.save()
+    for hour, text in ((10, b"Xid 79 on the second file, which is longer than its offset\n"), (11, b"x\n"), (12, b"")):
+        _rotate(log, f"20261201-{hour}0000")
+        log.write_bytes(text)  # ext4 and tmpfs give a freed inode to the next new file
+    again = Tailer(state)
+    got = again.read(log)
+    assert got == (b"x\n", 1)  # the newest renamed file, from its start: never a fragment from an old offset
+    assert again.read(log) is None
+
+
+def test_saved_offsets_from_another_version_or_damaged_are_tolerated(tmp_path: Path) -> None:
+    import json
+
+    log = tmp_path / "0.log"
+    log.write_bytes(b"one\ntwo\n")
+    state = tmp_path / "offsets.json"
+    state.write_text(json.dumps({
+        str(log): {"inode": log.stat().st_ino, "offset": 4, "lines": 1, "head": "6f6e650a", "newer_field": 1},
+        "/bad/1": {"inode": "x"}, "/bad/2": {"inode": 1, "offset": 0, "lines": 0, "head": 7}, "/bad/3": [],
+    }))
+    tailer = Tailer(state)
+    assert tailer.read(log) == (b"two\n", 2)  # the known fields kept, the unknown one ignored
+    assert tailer.cursors["/bad/2"].head == ""
+    assert "/bad/1" not in tailer.cursors and "/bad/3" not in tailer.cursors
+    state.write_text("[1, 2]")
+    assert Tailer(state).cursors == {}

@@ -23,7 +23,7 @@ from kcover.cli.usage import UsageError
 from kcover.collect.printable import json_text, printable
 from kcover.collect.sources import SourceInfo
 from kcover.exit_codes import ExitCode
-from kcover.explain import read_paths, scan_stream
+from kcover.explain import read_paths, scan_logs
 from kcover.faults import Verdict
 from kcover.report import fault_to_dict, verdict_to_dict
 
@@ -73,18 +73,26 @@ def _explain_stdin(matcher: Matcher) -> Verdict:
     if sys.stdin is None:  # started with `<&-`
         raise UsageError("nothing was read: stdin is closed (give log files or folders, or pipe logs in)")
     collector = FaultCollector()
+    warnings: list[str] = []
     try:
-        scan_stream(matcher, sys.stdin.buffer, SourceInfo(name="<stdin>"), collector)
+        read, _ = scan_logs(matcher, sys.stdin.buffer, SourceInfo(name="<stdin>"), collector, warnings, seekable=False)
     except OSError as error:
         raise UsageError(f"cannot read stdin: {error.strerror or error}") from None
-    return attribute(collector.faults, tails=collector.tails)
+    if read == 0 and len(warnings) < 2:  # an archive with no log in it, or a packing named in the one warning
+        why = warnings[0].removesuffix(", skipped") if warnings else "<stdin>: an archive with no file in it"
+        raise UsageError(f"nothing was read: {why}")
+    for warning in warnings:
+        typer.echo(f"kcover: warning: {warning}", err=True)
+    if read == 0:
+        raise UsageError(f"nothing was read: no log on stdin could be read ({len(warnings)} problems, named above)")
+    return attribute(collector.faults, warnings, collector.tails)
 
 
 def _nothing_read(paths: list[Path], skipped: int) -> str:
     given = ", ".join(printable(str(path)) for path in paths)
     if not skipped:
         return f"no log file in {given}"
-    return f"not one of the {skipped} paths in {given} could be read (each named above)"
+    return f"no log in {given} could be read ({skipped} problems, each named above)"
 
 
 def explain_document(verdict: Verdict, engine: str) -> dict[str, object]:

@@ -18,10 +18,17 @@ import json
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import Protocol
 
 from kcover.collect.prefixes import LAUNCHER_TAG, next_prefix
 from kcover.collect.task_labels import MARKED_LABEL
+
+
+class ByteStream(Protocol):
+    """What the readers need of a log: ``read(size)`` giving bytes, ``b""`` at its end (file, pipe, decompressor)."""
+
+    def read(self, size: int = -1, /) -> bytes: ...
+
 
 BLOCK_BYTES = 1 << 20
 MAX_LINE_BYTES = 1 << 20
@@ -129,7 +136,7 @@ def last_line_break(data: bytes) -> int:
     return max(data.rfind(b"\n", 0, end), data.rfind(b"\r", 0, end))
 
 
-def read_blocks(stream: BinaryIO, block_bytes: int = BLOCK_BYTES) -> Iterator[bytes]:
+def read_blocks(stream: ByteStream, block_bytes: int = BLOCK_BYTES) -> Iterator[bytes]:
     """Yield cleaned blocks that end on a line break (the last one may not).
 
     A line longer than :data:`MAX_LINE_BYTES` is yielded in pieces, each ending

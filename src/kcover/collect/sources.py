@@ -25,13 +25,15 @@ import re
 import stat
 from collections import Counter
 from dataclasses import dataclass, replace
-from pathlib import Path
+from pathlib import Path, PurePath
 
 from kcover.collect.printable import printable
 
 _RANK = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 _NODE_FILE = re.compile(r"^(node[-_]?[A-Za-z0-9]+)", re.IGNORECASE)
 _CRI_POD = re.compile(r"^([^_]+)_([^_]+)_[0-9a-f\-]{8,}$")
+_ROTATED = re.compile(r"^(?P<log>.+\.log)\.\d{8}-\d{6}(?:\.gz)?$")
+"""A file the kubelet rotated a container log into (``<log>.<YYYYMMDD-hhmmss>``, gzipped after the next rotation)."""
 
 
 @dataclass(frozen=True)
@@ -45,14 +47,34 @@ class SourceInfo:
 
 @dataclass(frozen=True)
 class FileSource:
-    """One log file and what its path says about it."""
+    """One log file and what its path says about it; ``rotated``: its older files, oldest first, read before it."""
 
     info: SourceInfo
     path: Path
+    rotated: tuple[Path, ...] = ()
+
+    @property
+    def paths(self) -> tuple[Path, ...]:
+        """The files of this log in the order they were written: one stream, as ``kubectl logs`` reads them."""
+        return (*self.rotated, self.path)
 
 
 def _describe(path: Path, root: Path | None) -> SourceInfo:
     relative = path.relative_to(root) if root else Path(path.name)
+    return describe_relative(relative, str(relative) if root else str(path))
+
+
+def is_pod_folder(name: str) -> bool:
+    """Whether a folder is named as the kubelet names a pod's log folder (``<namespace>_<pod>_<uid>``)."""
+    return _CRI_POD.match(name) is not None
+
+
+def describe_relative(relative: PurePath, name: str) -> SourceInfo:
+    """What a log's path below the given root says: rank, node or pod (``name`` when nothing better).
+
+    Also used for the logs inside an archive, whose paths are read as if the
+    archive were the folder given.
+    """
     parts = relative.parts
     ranks = _RANK.findall(str(relative))
     rank = int(ranks[-1]) if ranks else None
@@ -62,9 +84,8 @@ def _describe(path: Path, root: Path | None) -> SourceInfo:
             return SourceInfo(name=printable("/".join((pod.group(1), pod.group(2), *parts[at + 1:]))), rank=rank)
     node: str | None = parts[0] if len(parts) > 1 else None
     if node is None:
-        named = _NODE_FILE.match(path.stem)
+        named = _NODE_FILE.match(relative.stem)
         node = named.group(1) if named else None
-    name = str(relative) if root else str(path)
     return SourceInfo(name=printable(name), rank=rank, node=None if node is None else printable(node))
 
 
@@ -104,7 +125,30 @@ def find_sources(paths: list[Path]) -> tuple[list[FileSource], list[str]]:
             sources.append(FileSource(_describe(given, None), given))
         else:
             warnings.append(_skipped(given, "not readable"))
-    return _one_name_each(sources), warnings
+    return _join_rotated(_one_name_each(sources)), warnings
+
+
+def _join_rotated(sources: list[FileSource]) -> list[FileSource]:
+    """A log and the files the kubelet rotated it into (``0.log.20261201-101500[.gz]``) become one source.
+
+    The rotated files hold the log's earlier lines; read apart, the end of each
+    would pass for an end of the log.  They are read before the log, oldest
+    first (their timestamps sort so), and line numbers run on across them, as
+    ``kubectl logs`` shows them.  Rotated files whose log is not among the
+    sources are read on their own.
+    """
+    logs = {source.path for source in sources}
+    rotated: dict[Path, list[Path]] = {}
+    for source in sources:
+        match = _ROTATED.match(source.path.name)
+        if match and source.path.with_name(match["log"]) in logs:
+            rotated.setdefault(source.path.with_name(match["log"]), []).append(source.path)
+    kept = {path for paths in rotated.values() for path in paths}
+    return [
+        replace(source, rotated=tuple(sorted(rotated.get(source.path, ()), key=lambda path: path.name)))
+        for source in sources
+        if source.path not in kept
+    ]
 
 
 def _one_name_each(sources: list[FileSource]) -> list[FileSource]:

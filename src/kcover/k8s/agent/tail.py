@@ -2,7 +2,10 @@
 
 The kubelet writes ``<root>/<namespace>_<pod>_<uid>/<container>/<n>.log`` and
 rotates by renaming ``0.log`` and starting a new one; :class:`Tailer` notices
-a new inode (or a truncated file) and starts the new file from its beginning.
+a new inode (or a truncated file), first reads what is left of the renamed
+file (``0.log.<timestamp>``, left uncompressed until the next rotation), then
+starts the new file from its beginning.  A new file given the inode an old one
+freed is told apart by its first bytes, kept with the offset.
 Only whole lines are returned; a partial last line waits for the next poll.
 Offsets (inode, byte offset, line count) are saved atomically to a state file,
 so a restarted agent resumes where it stopped and reports nothing twice.
@@ -25,6 +28,8 @@ from pathlib import Path
 READ_LIMIT = 1 << 20
 _POD_DIR = re.compile(r"^(?P<namespace>[^_]+)_(?P<pod>[^_]+)_(?P<uid>[0-9a-fA-F\-]+)$")
 _KMSG_PREFIX = re.compile(rb"^\d+,\d+,\d+,[^;]*;", re.MULTILINE)
+_KUBELET_STAMP = re.compile(r"\d{8}-\d{6}")
+"""The suffix the kubelet gives a rotated container log (Go's ``20060102-150405``)."""
 
 
 @dataclass(frozen=True)
@@ -36,11 +41,18 @@ class ContainerLog:
     path: Path
 
 
+HEAD_BYTES = 64
+"""Bytes of a file's start kept with its cursor: a CRI line starts with a timestamp, so files differ there."""
+
+
 @dataclass
 class Cursor:
+    """How far one file has been read; ``head`` (hex) tells a new file that was given a freed inode from the old."""
+
     inode: int
     offset: int = 0
     lines: int = 0
+    head: str = ""
 
 
 def find_container_logs(root: Path) -> Iterator[ContainerLog]:
@@ -58,6 +70,90 @@ def find_container_logs(root: Path) -> Iterator[ContainerLog]:
                 yield ContainerLog(match["namespace"], match["pod"], match["uid"], container_dir.name, log)
 
 
+def _renamed_logs(path: Path) -> list[tuple[Path, os.stat_result]]:
+    """The files the kubelet renamed ``path`` into, not compressed yet (``0.log.<YYYYMMDD-hhmmss>``), oldest first."""
+    try:
+        siblings = sorted(path.parent.iterdir())
+    except OSError:
+        return []
+    found = []
+    for sibling in siblings:
+        if sibling.name.startswith(path.name + ".") and _KUBELET_STAMP.fullmatch(sibling.name[len(path.name) + 1:]):
+            try:
+                found.append((sibling, sibling.stat()))
+            except OSError:
+                continue
+    return found
+
+
+def _rotated_to(path: Path, cursor: Cursor) -> tuple[Path, Cursor] | None:
+    """The renamed file to read before the new one, and the cursor to read it with; None when there is none.
+
+    The kubelet renames ``0.log`` to ``0.log.<timestamp>`` and leaves that file
+    uncompressed until the next rotation, so that readers can finish it: the
+    lines the container wrote between the last poll and the rotation are
+    there.  When the file followed is gone (compressed at a later rotation,
+    its inode perhaps given to a new file), the newest renamed file came after
+    it and was never read: it is read from its start.
+    """
+    renamed = _renamed_logs(path)
+    for sibling, info in renamed:
+        if info.st_ino == cursor.inode and _starts_with(sibling, cursor.head):
+            return (sibling, cursor) if info.st_size > cursor.offset else None
+    if renamed and renamed[-1][1].st_size > 0:
+        newest, info = renamed[-1]
+        return newest, Cursor(inode=info.st_ino)
+    return None
+
+
+def _starts_with(path: Path, head: str) -> bool:
+    """Whether ``path`` still starts as the file a cursor was made for (no head kept: assumed so)."""
+    if not head:
+        return True
+    try:
+        with path.open("rb") as stream:
+            return stream.read(len(head) // 2).hex() == head
+    except OSError:
+        return True  # unreadable now: the read that follows says so
+
+
+def _next_lines(path: Path, cursor: Cursor, *, final: bool = False) -> tuple[bytes, int] | None:
+    """Whole lines of ``path`` from the cursor on (at most :data:`READ_LIMIT` bytes), moving the cursor past them.
+
+    ``final``: the file is no longer written (rotated away), so a last line
+    without its line break is read too rather than waited for.
+    """
+    try:
+        with path.open("rb") as stream:
+            stream.seek(cursor.offset)
+            data = stream.read(READ_LIMIT)
+    except OSError:
+        return None
+    cut = data.rfind(b"\n")
+    if cut < 0 or (final and len(data) < READ_LIMIT):
+        if not data or (len(data) < READ_LIMIT and not final):
+            return None
+        cut = len(data) - 1
+    block = data[: cut + 1]
+    first = cursor.lines + 1
+    if cursor.offset == 0:
+        cursor.head = block[:HEAD_BYTES].hex()
+    cursor.offset += len(block)
+    cursor.lines += block.count(b"\n")
+    return block, first
+
+
+def _cursor_from(saved: object) -> Cursor | None:
+    """A cursor from its saved form; None when damaged.  Keys it does not know (a newer agent's) are ignored."""
+    if not isinstance(saved, dict):
+        return None
+    inode, offset, lines, head = (saved.get(name) for name in ("inode", "offset", "lines", "head"))
+    if not all(isinstance(number, int) and not isinstance(number, bool) and number >= 0
+               for number in (inode, offset, lines)):
+        return None
+    return Cursor(int(inode), int(offset), int(lines), head if isinstance(head, str) else "")  # type: ignore[arg-type]
+
+
 class Tailer:
     """New whole lines of many files since the saved offsets."""
 
@@ -67,9 +163,12 @@ class Tailer:
         if state_file is not None and state_file.exists():
             try:
                 saved = json.loads(state_file.read_text())
-                self.cursors = {path: Cursor(**value) for path, value in saved.items()}
-            except (ValueError, TypeError):
-                self.cursors = {}
+            except (ValueError, OSError):
+                saved = {}
+            self.cursors = {
+                path: cursor for path, value in (saved.items() if isinstance(saved, dict) else ())
+                if (cursor := _cursor_from(value)) is not None
+            }
 
     def read(self, path: Path) -> tuple[bytes, int] | None:
         """New complete lines of ``path`` and the line number of the first; None when nothing new."""
@@ -79,27 +178,20 @@ class Tailer:
             return None
         key = str(path)
         cursor = self.cursors.get(key)
-        if cursor is None or cursor.inode != info.st_ino or info.st_size < cursor.offset:
+        if cursor is not None and cursor.inode == info.st_ino and info.st_size == cursor.offset:
+            return None  # nothing new (checked first: this is most polls of most files)
+        if cursor is not None and (cursor.inode != info.st_ino or not _starts_with(path, cursor.head)):
+            rotated = _rotated_to(path, cursor)  # a new file: the old one's last lines first, the fault may be there
+            if rotated is not None:
+                renamed, self.cursors[key] = rotated
+                return _next_lines(renamed, rotated[1], final=True)
+            cursor = None
+        if cursor is None or info.st_size < cursor.offset:  # new, or truncated in place
             cursor = Cursor(inode=info.st_ino)
             self.cursors[key] = cursor
         if info.st_size == cursor.offset:
             return None
-        try:
-            with path.open("rb") as stream:
-                stream.seek(cursor.offset)
-                data = stream.read(READ_LIMIT)
-        except OSError:
-            return None
-        cut = data.rfind(b"\n")
-        if cut < 0:
-            if len(data) < READ_LIMIT:
-                return None
-            cut = len(data) - 1
-        block = data[: cut + 1]
-        first = cursor.lines + 1
-        cursor.offset += len(block)
-        cursor.lines += block.count(b"\n")
-        return block, first
+        return _next_lines(path, cursor)
 
     def forget_missing(self) -> None:
         for key in [k for k in self.cursors if not Path(k).exists()]:
