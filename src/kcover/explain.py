@@ -44,6 +44,7 @@ def scan_stream(
             collector.add_hit(source, hit)
         lines += breaks
         collector.keep_tail(source, block, lines)
+    collector.settle_tail(source)
     return lines
 
 

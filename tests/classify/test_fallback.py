@@ -280,6 +280,23 @@ def test_only_the_tail_of_a_long_log_is_kept_and_line_numbers_hold() -> None:
     assert found[0].text == "Exception: boom" and found[1] == lines and found[2] is Kind.EXCEPTION
 
 
+def test_a_settled_tail_is_held_once_and_the_stream_may_go_on() -> None:
+    """A job of thousands of logs: each ended log keeps TAIL_BYTES once, not twice that plus a copy per verdict."""
+    keeper = TailKeeper()
+    keeper.add(b"step\n" * (TAIL_BYTES // 5 + 1000), TAIL_BYTES // 5 + 1000)  # 1.3x the tail: kept whole till now
+    keeper.settle()
+    first, second = keeper.tail(), keeper.tail()
+    assert first.data is second.data and len(first.data) == TAIL_BYTES and first.cut  # one copy, handed out
+    assert len(keeper._data) == 0  # nothing else held
+    keeper.add(b"Exception: boom\n", TAIL_BYTES // 5 + 1001)  # the log goes on (its rotated file was read first)
+    tail = keeper.tail()
+    assert tail.data.endswith(b"step\nException: boom\n") and tail.lines == TAIL_BYTES // 5 + 1001
+    short = TailKeeper()
+    short.add(b"one line\n", 1)
+    short.settle()
+    assert short.tail() == Tail(b"one line\n", 1, cut=False)
+
+
 def test_unrecognised_failures_spend_the_user_code_retry_budget() -> None:
     verdict = explain(TRACEBACK + "Exception: dataset shard 17 is unreadable\n")
     policy = RecoveryPolicy(max_restarts=5, user_code_retries=1)

@@ -169,6 +169,12 @@ class FaultCollector:
             keeper = self._tails[source] = TailKeeper()
         keeper.add(block, lines)
 
+    def settle_tail(self, source: SourceInfo) -> None:
+        """``source`` was read to its end (for now): keep only the bytes its tail needs (:meth:`TailKeeper.settle`)."""
+        keeper = self._tails.get(source)
+        if keeper is not None:
+            keeper.settle()
+
     @property
     def tails(self) -> dict[SourceInfo, Tail]:
         """The last bytes of every source seen through :meth:`keep_tail`, with the lines it survived.

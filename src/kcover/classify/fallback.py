@@ -121,11 +121,15 @@ class TailKeeper:
 
     def __init__(self) -> None:
         self._data = bytearray()
+        self._settled: bytes | None = None
+        """The tail once its stream ended (:meth:`settle`): the one copy :meth:`tail` hands out."""
         self._lines = 0
         self._cut = False
 
     def add(self, block: bytes, lines: int) -> None:
         """One more cleaned block; ``lines`` counts the line breaks read through it."""
+        if self._settled is not None:  # the stream goes on (a rotated file's log after it)
+            self._data, self._settled = bytearray(self._settled), None
         self._lines = lines
         if len(block) >= TAIL_BYTES:
             self._cut = self._cut or bool(self._data) or len(block) > TAIL_BYTES
@@ -136,8 +140,20 @@ class TailKeeper:
             del self._data[:-TAIL_BYTES]
             self._cut = True
 
+    def settle(self) -> None:
+        """The stream ended: keep only :data:`TAIL_BYTES`, as the bytes :meth:`tail` will hand out.
+
+        A job of thousands of logs would otherwise hold up to twice that for
+        each, and a copy of each tail again while the verdict is formed.
+        """
+        if self._settled is None:
+            self._cut = self._cut or len(self._data) > TAIL_BYTES
+            self._settled, self._data = bytes(self._data[-TAIL_BYTES:]), bytearray()
+
     def tail(self) -> Tail:
         """What was kept, as an immutable :class:`Tail` of at most :data:`TAIL_BYTES`."""
+        if self._settled is not None:
+            return Tail(self._settled, self._lines, cut=self._cut)
         data = bytes(self._data[-TAIL_BYTES:])
         return Tail(data, self._lines, cut=self._cut or len(self._data) > TAIL_BYTES)
 
