@@ -63,10 +63,20 @@ def explain(
     catalogs: Sequence[str] = (),
     matcher: Matcher | None = None,
 ) -> Verdict:
-    """The verdict for one log text (a string, bytes, or an iterable of lines)."""
+    """The verdict for one log text (a string, bytes, or an iterable of lines).
+
+    Bytes that are a compressed log or an archive of logs are unpacked as
+    :func:`explain_paths` unpacks files (:mod:`kcover.collect.packed`); what
+    could not be read is named in the verdict's warnings.
+    """
     matcher = matcher or default_matcher(tuple(catalogs))
     collector = FaultCollector()
-    scan_stream(matcher, io.BytesIO(_as_bytes(text_or_lines)), SourceInfo(name=source), collector)
+    info = SourceInfo(name=source)
+    if isinstance(text_or_lines, bytes):
+        warnings: list[str] = []
+        scan_logs(matcher, io.BytesIO(text_or_lines), info, collector, warnings, seekable=True)
+        return attribute(collector.faults, warnings, collector.tails)
+    scan_stream(matcher, io.BytesIO(_as_bytes(text_or_lines)), info, collector)
     return attribute(collector.faults, tails=collector.tails)
 
 

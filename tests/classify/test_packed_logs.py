@@ -341,3 +341,17 @@ def test_hostile_archives_are_named_never_a_traceback(tmp_path: Path) -> None:
 def test_the_packed_folder_is_never_taken_for_a_node(tmp_path: Path) -> None:
     archive = _tar(tmp_path / "support-bundle.tar.gz", {"xid79-job/node-2/rank5.log": XID})
     assert explain_paths([archive]).nodes == ("node-2",)
+
+
+def test_the_library_unpacks_bytes_as_it_unpacks_files(tmp_path: Path) -> None:
+    from kcover import explain
+
+    assert explain(gzip.compress(b"ok\n" + XID)).category == "gpu_hardware"
+    bundle = _zip(tmp_path / "b.zip", {"node-3/rank1.log": XID}).read_bytes()
+    verdict = explain(bundle, source="bundle.zip")
+    assert (verdict.category, verdict.nodes) == ("gpu_hardware", ("node-3",))
+    assert explain(b"\x28\xb5\x2f\xfd" + bytes(8)).warnings == (
+        "<input>: compressed with zstd, which kcover cannot read: decompress it first (zstd -dc FILE | kcover explain),"
+        " skipped",
+    )
+    assert explain(XID.decode()).category == "gpu_hardware"  # text is text

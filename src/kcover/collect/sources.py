@@ -8,6 +8,8 @@ a source are read from its path, by convention:
 - the first folder below the given root (``logs/node-2/rank3.log``), or a file
   named like ``node-2.log`` / ``node-2-dmesg.log`` → node ``node-2``;
 - CRI layout ``<namespace>_<pod>_<uid>/<container>/0.log`` → the pod name.
+- the files the kubelet rotated a log into (``0.log.20261201-101500[.gz]``)
+  are read before it, as one source (:func:`_join_rotated`).
 
 A path that cannot be read is named in a warning and skipped, with the real
 reason (no such file, broken symlink, symlink loop, permission denied); it never
