@@ -96,7 +96,7 @@ def test_two_rotations_between_polls_read_the_file_between_from_its_start(tmp_pa
     log.write_bytes(b"two\nXid 79\n")  # never seen by a poll
     _rotate(log, "20261201-110000")
     log.write_bytes(b"three\n")
-    assert tailer.read(log) == (b"two\nXid 79\n", 1)  # the first file's rest is compressed away; this one is whole
+    assert tailer.read(log) == (b"two\nXid 79\n", 1)  # the file followed was read to its end; the next one whole
     assert tailer.read(log) == (b"three\n", 1)
     assert tailer.read(log) is None
 
@@ -112,9 +112,29 @@ def test_an_agent_down_across_rotations_never_reads_a_reused_inode_from_an_old_o
         _rotate(log, f"20261201-{hour}0000")
         log.write_bytes(text)  # ext4 and tmpfs give a freed inode to the next new file
     again = Tailer(state)
-    got = again.read(log)
-    assert got == (b"x\n", 1)  # the newest renamed file, from its start: never a fragment from an old offset
+    assert again.read(log) == (b"Xid 79 on the second file, which is longer than its offset\n", 1)  # gzipped, whole
+    assert again.read(log) == (b"x\n", 1)  # then the newer one: never a fragment from an old offset
     assert again.read(log) is None
+
+
+def test_the_rest_of_a_file_compressed_since_the_last_poll_is_read_from_its_gzip(tmp_path: Path) -> None:
+    log = tmp_path / "0.log"
+    log.write_bytes(b"one\n")
+    tailer = Tailer()
+    assert tailer.read(log) == (b"one\n", 1)
+    with log.open("ab") as out:
+        out.write(b"Xid 79\n")  # written after the poll
+    _rotate(log, "20261201-100000")
+    log.write_bytes(b"two\n")
+    _rotate(log, "20261201-110000")  # compresses the file followed: its rest is only in 0.log.<stamp>.gz now
+    log.write_bytes(b"three\n")
+    assert not (tmp_path / "0.log.20261201-100000").exists()
+    assert tailer.read(log) == (b"Xid 79\n", 2)  # the line numbers of the file followed run on
+    assert tailer.read(log) == (b"two\n", 1)
+    assert tailer.read(log) == (b"three\n", 1)
+    assert tailer.read(log) is None
+    (tmp_path / "0.log.20261201-100000.gz").write_bytes(b"\x1f\x8b damaged")  # nothing new is read twice
+    assert tailer.read(log) is None
 
 
 def test_saved_offsets_from_another_version_or_damaged_are_tolerated(tmp_path: Path) -> None:

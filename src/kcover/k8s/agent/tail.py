@@ -2,10 +2,11 @@
 
 The kubelet writes ``<root>/<namespace>_<pod>_<uid>/<container>/<n>.log`` and
 rotates by renaming ``0.log`` and starting a new one; :class:`Tailer` notices
-a new inode (or a truncated file), first reads what is left of the renamed
-file (``0.log.<timestamp>``, left uncompressed until the next rotation), then
-starts the new file from its beginning.  A new file given the inode an old one
-freed is told apart by its first bytes, kept with the offset.
+a new inode (or a truncated file), first reads what is left of the file it
+followed and of any newer renamed ones, compressed or not
+(:mod:`kcover.k8s.agent.rotation`), then starts the new file from its
+beginning.  A new file given the inode an old one freed is told apart by its
+first bytes, kept with the offset.
 Only whole lines are returned; a partial last line waits for the next poll.
 Offsets (inode, byte offset, line count) are saved atomically to a state file,
 so a restarted agent resumes where it stopped and reports nothing twice.
@@ -21,15 +22,17 @@ import json
 import os
 import re
 import stat
-from collections.abc import Iterator
+import zlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
+
+from kcover.k8s.agent.rotation import next_renamed, starts_with
 
 READ_LIMIT = 1 << 20
 _POD_DIR = re.compile(r"^(?P<namespace>[^_]+)_(?P<pod>[^_]+)_(?P<uid>[0-9a-fA-F\-]+)$")
 _KMSG_PREFIX = re.compile(rb"^\d+,\d+,\d+,[^;]*;", re.MULTILINE)
-_KUBELET_STAMP = re.compile(r"\d{8}-\d{6}")
-"""The suffix the kubelet gives a rotated container log (Go's ``20060102-150405``)."""
 
 
 @dataclass(frozen=True)
@@ -70,64 +73,17 @@ def find_container_logs(root: Path) -> Iterator[ContainerLog]:
                 yield ContainerLog(match["namespace"], match["pod"], match["uid"], container_dir.name, log)
 
 
-def _renamed_logs(path: Path) -> list[tuple[Path, os.stat_result]]:
-    """The files the kubelet renamed ``path`` into, not compressed yet (``0.log.<YYYYMMDD-hhmmss>``), oldest first."""
-    try:
-        siblings = sorted(path.parent.iterdir())
-    except OSError:
-        return []
-    found = []
-    for sibling in siblings:
-        if sibling.name.startswith(path.name + ".") and _KUBELET_STAMP.fullmatch(sibling.name[len(path.name) + 1:]):
-            try:
-                found.append((sibling, sibling.stat()))
-            except OSError:
-                continue
-    return found
-
-
-def _rotated_to(path: Path, cursor: Cursor) -> tuple[Path, Cursor] | None:
-    """The renamed file to read before the new one, and the cursor to read it with; None when there is none.
-
-    The kubelet renames ``0.log`` to ``0.log.<timestamp>`` and leaves that file
-    uncompressed until the next rotation, so that readers can finish it: the
-    lines the container wrote between the last poll and the rotation are
-    there.  When the file followed is gone (compressed at a later rotation,
-    its inode perhaps given to a new file), the newest renamed file came after
-    it and was never read: it is read from its start.
-    """
-    renamed = _renamed_logs(path)
-    for sibling, info in renamed:
-        if info.st_ino == cursor.inode and _starts_with(sibling, cursor.head):
-            return (sibling, cursor) if info.st_size > cursor.offset else None
-    if renamed and renamed[-1][1].st_size > 0:
-        newest, info = renamed[-1]
-        return newest, Cursor(inode=info.st_ino)
-    return None
-
-
-def _starts_with(path: Path, head: str) -> bool:
-    """Whether ``path`` still starts as the file a cursor was made for (no head kept: assumed so)."""
-    if not head:
-        return True
-    try:
-        with path.open("rb") as stream:
-            return stream.read(len(head) // 2).hex() == head
-    except OSError:
-        return True  # unreadable now: the read that follows says so
-
-
-def _next_lines(path: Path, cursor: Cursor, *, final: bool = False) -> tuple[bytes, int] | None:
-    """Whole lines of ``path`` from the cursor on (at most :data:`READ_LIMIT` bytes), moving the cursor past them.
+def _next_lines(open_text: Callable[[], IO[bytes]], cursor: Cursor, *, final: bool = False) -> tuple[bytes, int] | None:
+    """Whole lines from the cursor on (at most :data:`READ_LIMIT` bytes), moving the cursor past them.
 
     ``final``: the file is no longer written (rotated away), so a last line
     without its line break is read too rather than waited for.
     """
     try:
-        with path.open("rb") as stream:
+        with open_text() as stream:
             stream.seek(cursor.offset)
             data = stream.read(READ_LIMIT)
-    except OSError:
+    except (OSError, EOFError, zlib.error):  # a rotated file's gzip may be cut (written as we read)
         return None
     cut = data.rfind(b"\n")
     if cut < 0 or (final and len(data) < READ_LIMIT):
@@ -141,6 +97,15 @@ def _next_lines(path: Path, cursor: Cursor, *, final: bool = False) -> tuple[byt
     cursor.offset += len(block)
     cursor.lines += block.count(b"\n")
     return block, first
+
+
+def _starts_as(path: Path, head: str) -> bool:
+    """Whether the file at ``path`` is still the one a cursor was made for (its first bytes; unreadable: assumed so)."""
+    try:
+        with path.open("rb") as opened:
+            return starts_with(opened, head)
+    except OSError:
+        return True  # the read that follows says so
 
 
 def _cursor_from(saved: object) -> Cursor | None:
@@ -180,18 +145,23 @@ class Tailer:
         cursor = self.cursors.get(key)
         if cursor is not None and cursor.inode == info.st_ino and info.st_size == cursor.offset:
             return None  # nothing new (checked first: this is most polls of most files)
-        if cursor is not None and (cursor.inode != info.st_ino or not _starts_with(path, cursor.head)):
-            rotated = _rotated_to(path, cursor)  # a new file: the old one's last lines first, the fault may be there
-            if rotated is not None:
-                renamed, self.cursors[key] = rotated
-                return _next_lines(renamed, rotated[1], final=True)
+        if cursor is not None and (cursor.inode != info.st_ino or not _starts_as(path, cursor.head)):
+            # A new file: first what is left of the renamed ones (the fault may be there), as `kubectl logs` reads them.
+            found = next_renamed(path, cursor.inode, cursor.head, cursor.offset)
+            if found is not None:
+                renamed, followed = found
+                if followed:
+                    cursor.inode = renamed.inode  # a gzip's own, once compressed
+                else:
+                    cursor = self.cursors[key] = Cursor(inode=renamed.inode)
+                return _next_lines(renamed.open, cursor, final=True)
             cursor = None
         if cursor is None or info.st_size < cursor.offset:  # new, or truncated in place
             cursor = Cursor(inode=info.st_ino)
             self.cursors[key] = cursor
         if info.st_size == cursor.offset:
             return None
-        return _next_lines(path, cursor)
+        return _next_lines(lambda: path.open("rb"), cursor)
 
     def forget_missing(self) -> None:
         for key in [k for k in self.cursors if not Path(k).exists()]:
