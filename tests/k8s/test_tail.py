@@ -153,3 +153,59 @@ def test_saved_offsets_from_another_version_or_damaged_are_tolerated(tmp_path: P
     assert "/bad/1" not in tailer.cursors and "/bad/3" not in tailer.cursors
     state.write_text("[1, 2]")
     assert Tailer(state).cursors == {}
+
+
+def _gzip_away(renamed: Path, *, cut: bool = False) -> None:
+    """The kubelet's compressLog: write <name>.tmp, rename it to <name>.gz, remove the plain file."""
+    import gzip
+
+    data = gzip.compress(renamed.read_bytes())
+    Path(f"{renamed}.tmp").write_bytes(data[: len(data) // 2] if cut else data)
+    Path(f"{renamed}.tmp").rename(f"{renamed}.gz")
+    renamed.unlink()
+
+
+def test_a_damaged_rotated_gzip_is_read_to_its_damage_and_left_behind(tmp_path: Path) -> None:
+    """Found by a hostile review: a cut .gz (a node crash after the kubelet's rename) stopped the log for good."""
+    log = tmp_path / "0.log"
+    log.write_bytes(b"one\n")
+    tailer = Tailer()
+    assert tailer.read(log) == (b"one\n", 1)
+    with log.open("ab") as out:
+        out.write(b"".join(b"two %05d %s\n" % (n, bytes(range(65, 91)) * 3) for n in range(20_000)))
+    log.rename(tmp_path / "0.log.20261201-100000")
+    log.write_bytes(b"three\n")
+    _gzip_away(tmp_path / "0.log.20261201-100000", cut=True)
+    log.rename(tmp_path / "0.log.20261201-100010")
+    log.write_bytes(b"Xid 79\n")
+    first = tailer.read(log)
+    assert first is not None and first[0].startswith(b"two 00000 ") and first[1] == 2  # up to the damage
+    got = [tailer.read(log) for _ in range(3)]
+    assert got == [(b"three\n", 1), (b"Xid 79\n", 1), None]
+
+
+def test_when_the_file_followed_was_deleted_every_newer_rotated_file_is_read(tmp_path: Path) -> None:
+    """Found by a hostile review: only the newest rotated file was read, the others still on disk skipped."""
+    log = tmp_path / "0.log"
+    log.write_bytes(b"a\n")
+    tailer = Tailer()
+    assert tailer.read(log) == (b"a\n", 1)
+    for stamp, text in (("100000", b"b\n"), ("100010", b"c\n"), ("100020", b"d\n")):
+        _rotate(log, f"20261201-{stamp}")
+        log.write_bytes(text)
+    (tmp_path / "0.log.20261201-100000.gz").unlink()  # containerLogMaxFiles: the file followed ("a") is gone
+    assert [tailer.read(log) for _ in range(4)] == [(b"b\n", 1), (b"c\n", 1), (b"d\n", 1), None]
+
+
+def test_a_log_empty_at_the_last_poll_and_rotated_twice_is_read_whole(tmp_path: Path) -> None:
+    """Found by a hostile review: a cursor made on an empty 0.log has no first bytes to know its file by."""
+    log = tmp_path / "0.log"
+    log.write_bytes(b"")
+    tailer = Tailer()
+    assert tailer.read(log) is None  # right after a rotation: nothing written yet
+    log.write_bytes(b"x\n")
+    _rotate(log, "20261201-100000")
+    log.write_bytes(b"y\n")
+    _rotate(log, "20261201-100010")
+    log.write_bytes(b"z\n")
+    assert [tailer.read(log) for _ in range(4)] == [(b"x\n", 1), (b"y\n", 1), (b"z\n", 1), None]

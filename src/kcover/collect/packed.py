@@ -128,13 +128,19 @@ class _Rejoined:
         self._rest = rest
 
     def read(self, size: int = -1) -> bytes:
-        if self._head:
-            if size < 0:
-                data, self._head = self._head + self._rest.read(), b""
-                return data
+        """Bytes as the stream had them: the first read gives the whole size asked, head and rest together.
+
+        (The readers cut blocks by what one read gives: a first block of only
+        the head would change where the first block ends, and so what
+        ``dedent_blocks`` decides from it.)
+        """
+        if not self._head:
+            return self._rest.read(size)
+        if 0 <= size <= len(self._head):
             data, self._head = self._head[:size], self._head[size:]
             return data
-        return self._rest.read(size)
+        data, self._head = self._head + self._rest.read(size - len(self._head) if size >= 0 else -1), b""
+        return data
 
 
 class _UpToDamage:
@@ -200,12 +206,14 @@ def open_logs(stream: IO[bytes], info: SourceInfo, warnings: list[str], *, seeka
     packing = format_of(head)
     if packing == "text":
         yield Opened(info, _Rejoined(head, stream))
-    elif packing in _UNREADABLE:
+        return
+    if packing in _UNREADABLE:
         warnings.append(f"{info.name}: {_UNREADABLE[packing]}, skipped")
-    elif packing == "zip":
-        if not seekable:
-            warnings.append(f"{info.name}: a zip archive cannot be read from a pipe: give its path, skipped")
-            return
+        return
+    if packing == "zip" and not seekable:
+        warnings.append(f"{info.name}: a zip archive cannot be read from a pipe: give its path, skipped")
+        return
+    if packing == "zip":
         yield from _zip_members(stream, info, warnings)
     elif packing == "tar":
         yield from _tar_members(_Rejoined(head, stream), info, warnings)

@@ -22,13 +22,11 @@ import json
 import os
 import re
 import stat
-import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
-from kcover.k8s.agent.rotation import next_renamed, starts_with
+from kcover.k8s.agent.rotation import Retry, newest_stamp, unread_renamed
 
 READ_LIMIT = 1 << 20
 _POD_DIR = re.compile(r"^(?P<namespace>[^_]+)_(?P<pod>[^_]+)_(?P<uid>[0-9a-fA-F\-]+)$")
@@ -48,14 +46,24 @@ HEAD_BYTES = 64
 """Bytes of a file's start kept with its cursor: a CRI line starts with a timestamp, so files differ there."""
 
 
+ROTATED_READ_LIMIT = 8 << 20
+"""Bytes read at once from a rotated file: a gzipped one is decompressed from its start at each read."""
+
+
 @dataclass
 class Cursor:
-    """How far one file has been read; ``head`` (hex) tells a new file that was given a freed inode from the old."""
+    """How far one file has been read.
+
+    ``head`` (hex of the first bytes) tells a new file that was given a freed
+    inode from the old; ``after``: the stamp of the newest rotated file there
+    was when this file was first seen (files rotated later are newer than it).
+    """
 
     inode: int
     offset: int = 0
     lines: int = 0
     head: str = ""
+    after: str = ""
 
 
 def find_container_logs(root: Path) -> Iterator[ContainerLog]:
@@ -73,18 +81,12 @@ def find_container_logs(root: Path) -> Iterator[ContainerLog]:
                 yield ContainerLog(match["namespace"], match["pod"], match["uid"], container_dir.name, log)
 
 
-def _next_lines(open_text: Callable[[], IO[bytes]], cursor: Cursor, *, final: bool = False) -> tuple[bytes, int] | None:
-    """Whole lines from the cursor on (at most :data:`READ_LIMIT` bytes), moving the cursor past them.
+def _take_lines(data: bytes, cursor: Cursor, *, final: bool) -> tuple[bytes, int] | None:
+    """The whole lines of ``data`` (read at the cursor), moving the cursor past them; None when there are none.
 
     ``final``: the file is no longer written (rotated away), so a last line
-    without its line break is read too rather than waited for.
+    without its line break is taken too rather than waited for.
     """
-    try:
-        with open_text() as stream:
-            stream.seek(cursor.offset)
-            data = stream.read(READ_LIMIT)
-    except (OSError, EOFError, zlib.error):  # a rotated file's gzip may be cut (written as we read)
-        return None
     cut = data.rfind(b"\n")
     if cut < 0 or (final and len(data) < READ_LIMIT):
         if not data or (len(data) < READ_LIMIT and not final):
@@ -99,24 +101,36 @@ def _next_lines(open_text: Callable[[], IO[bytes]], cursor: Cursor, *, final: bo
     return block, first
 
 
+def _replaced(path: Path, inode: int, cursor: Cursor) -> bool:
+    """Whether the file a cursor followed is no longer the one at ``path`` (rotated away, or its inode reused)."""
+    if cursor.inode != inode:
+        return True
+    if cursor.head:
+        return not _starts_as(path, cursor.head)
+    return newest_stamp(path) != cursor.after  # nothing read yet to know it by: a rotation since says so
+
+
 def _starts_as(path: Path, head: str) -> bool:
-    """Whether the file at ``path`` is still the one a cursor was made for (its first bytes; unreadable: assumed so)."""
+    """Whether the file at ``path`` still begins with ``head`` (hex; unreadable: assumed so, the read says more)."""
     try:
         with path.open("rb") as opened:
-            return starts_with(opened, head)
+            return opened.read(len(head) // 2).hex() == head
     except OSError:
-        return True  # the read that follows says so
+        return True
 
 
 def _cursor_from(saved: object) -> Cursor | None:
     """A cursor from its saved form; None when damaged.  Keys it does not know (a newer agent's) are ignored."""
     if not isinstance(saved, dict):
         return None
-    inode, offset, lines, head = (saved.get(name) for name in ("inode", "offset", "lines", "head"))
+    inode, offset, lines, head, after = (saved.get(name) for name in ("inode", "offset", "lines", "head", "after"))
     if not all(isinstance(number, int) and not isinstance(number, bool) and number >= 0
                for number in (inode, offset, lines)):
         return None
-    return Cursor(int(inode), int(offset), int(lines), head if isinstance(head, str) else "")  # type: ignore[arg-type]
+    return Cursor(
+        int(inode), int(offset), int(lines),  # type: ignore[arg-type]
+        head if isinstance(head, str) else "", after if isinstance(after, str) else "",
+    )
 
 
 class Tailer:
@@ -145,23 +159,37 @@ class Tailer:
         cursor = self.cursors.get(key)
         if cursor is not None and cursor.inode == info.st_ino and info.st_size == cursor.offset:
             return None  # nothing new (checked first: this is most polls of most files)
-        if cursor is not None and (cursor.inode != info.st_ino or not _starts_as(path, cursor.head)):
-            # A new file: first what is left of the renamed ones (the fault may be there), as `kubectl logs` reads them.
-            found = next_renamed(path, cursor.inode, cursor.head, cursor.offset)
-            if found is not None:
-                renamed, followed = found
-                if followed:
-                    cursor.inode = renamed.inode  # a gzip's own, once compressed
-                else:
-                    cursor = self.cursors[key] = Cursor(inode=renamed.inode)
-                return _next_lines(renamed.open, cursor, final=True)
+        if cursor is not None and _replaced(path, info.st_ino, cursor):
+            try:  # a new file: first what is left of the rotated ones (the fault may be there), as `kubectl logs` reads
+                rotated = self._read_rotated(key, path, cursor)
+            except Retry:
+                return None
+            if rotated is not None:
+                return rotated
             cursor = None
         if cursor is None or info.st_size < cursor.offset:  # new, or truncated in place
-            cursor = Cursor(inode=info.st_ino)
-            self.cursors[key] = cursor
+            cursor = self.cursors[key] = Cursor(inode=info.st_ino, after=newest_stamp(path))
         if info.st_size == cursor.offset:
             return None
-        return _next_lines(lambda: path.open("rb"), cursor)
+        try:
+            with path.open("rb") as stream:
+                stream.seek(cursor.offset)
+                data = stream.read(READ_LIMIT)
+        except OSError:
+            return None
+        return _take_lines(data, cursor, final=False)
+
+    def _read_rotated(self, key: str, path: Path, cursor: Cursor) -> tuple[bytes, int] | None:
+        """Lines of the files ``path`` was rotated into that were not read yet; None when none are left."""
+        files, followed = unread_renamed(path, cursor.inode, cursor.head, cursor.after)
+        for at, renamed in enumerate(files):
+            reading = cursor if followed and at == 0 else Cursor(inode=renamed.inode)
+            lines = _take_lines(renamed.read_from(reading.offset, ROTATED_READ_LIMIT), reading, final=True)
+            if lines is not None:  # the cursor changes only once something was read
+                reading.inode, reading.after = renamed.inode, renamed.stamp
+                self.cursors[key] = reading
+                return lines
+        return None
 
     def forget_missing(self) -> None:
         for key in [k for k in self.cursors if not Path(k).exists()]:
