@@ -277,6 +277,8 @@ def test_replication_runs_at_the_lowest_priority_and_the_training_thread_keeps_i
         replication.close()
     wait_for(lambda: replica_link.YIELDING_NICENESS not in niceness_of_threads())
     assert push(server, 6, b"x" * 1000)
+    # the keeper's receiving thread may still be ending (lowered, as it should be) when push returns
+    wait_for(lambda: replica_link.YIELDING_NICENESS not in niceness_of_threads())
     fetched = replica_link.fetch("127.0.0.1", server.port, SECRET, 3, 6)
     assert fetched is not None and max(niceness_of_threads()) < replica_link.YIELDING_NICENESS
 
