@@ -372,3 +372,15 @@ def test_bytes_and_text_give_the_same_verdict_on_every_corpus_excerpt() -> None:
         for e in excerpts
     )
     assert differing == 0
+
+
+def test_a_rotated_file_caught_mid_compression_is_read_once(tmp_path: Path) -> None:
+    folder = tmp_path / "training_worker-3_0f4d2c1e-1111-2222-3333-444455556666" / "trainer"
+    folder.mkdir(parents=True)
+    (folder / "0.log.20261201-090000").write_bytes(_cri("step 1", XID.decode().strip()))
+    (folder / "0.log.20261201-090000.gz").write_bytes(gzip.compress(_cri("step 1", XID.decode().strip())))
+    (folder / "0.log").write_bytes(_cri("step 2"))
+    verdict, read = read_paths([tmp_path])
+    assert read == 2  # the plain file and the log; the .gz copy the kubelet is about to keep instead is not read
+    assert verdict.root is not None and verdict.root.count == 1
+    assert verdict.root.evidence.source == "training/worker-3/trainer/0.log"

@@ -34,8 +34,9 @@ from kcover.collect.printable import printable
 _RANK = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 _NODE_FILE = re.compile(r"^(node[-_]?[A-Za-z0-9]+)", re.IGNORECASE)
 _CRI_POD = re.compile(r"^([^_]+)_([^_]+)_[0-9a-f\-]{8,}$")
-_ROTATED = re.compile(r"^(?P<log>.+\.log)\.\d{8}-\d{6}(?:\.gz)?$")
-"""A file the kubelet rotated a container log into (``<log>.<YYYYMMDD-hhmmss>``, gzipped after the next rotation)."""
+ROTATED_SUFFIX = re.compile(r"\.(?P<stamp>\d{8}-\d{6})(?P<gz>\.gz)?$")
+"""What the kubelet appends to a container log it rotates: ``.<YYYYMMDD-hhmmss>`` (Go's ``20060102-150405``),
+then ``.gz`` once compressed at the next rotation."""
 
 
 @dataclass(frozen=True)
@@ -140,16 +141,20 @@ def _join_rotated(sources: list[FileSource]) -> list[FileSource]:
     sources are read on their own.
     """
     logs = {source.path for source in sources}
-    rotated: dict[Path, list[Path]] = {}
+    rotated: dict[Path, dict[str, Path]] = {}
+    joined = set()
     for source in sources:
-        match = _ROTATED.match(source.path.name)
-        if match and source.path.with_name(match["log"]) in logs:
-            rotated.setdefault(source.path.with_name(match["log"]), []).append(source.path)
-    kept = {path for paths in rotated.values() for path in paths}
+        match = ROTATED_SUFFIX.search(source.path.name)
+        log = source.path.with_name(source.path.name[: match.start()]) if match else None
+        if match and log is not None and log.suffix == ".log" and log in logs:
+            joined.add(source.path)
+            stamps = rotated.setdefault(log, {})
+            if match["gz"] is None or match["stamp"] not in stamps:  # mid-compression, both there: the plain one
+                stamps[match["stamp"]] = source.path
     return [
-        replace(source, rotated=tuple(sorted(rotated.get(source.path, ()), key=lambda path: path.name)))
+        replace(source, rotated=tuple(path for _, path in sorted(rotated.get(source.path, {}).items())))
         for source in sources
-        if source.path not in kept
+        if source.path not in joined
     ]
 
 

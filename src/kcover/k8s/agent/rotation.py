@@ -19,14 +19,12 @@ from __future__ import annotations
 
 import gzip
 import io
-import re
 import stat
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-_STAMP = re.compile(r"(?P<stamp>\d{8}-\d{6})(?P<gz>\.gz)?")
-"""The suffix the kubelet gives a rotated log (Go's ``20060102-150405``), and ``.gz`` once compressed."""
+from kcover.collect.sources import ROTATED_SUFFIX
 
 
 class Retry(Exception):  # noqa: N818 - not an error: a file vanished between listing and opening
@@ -79,8 +77,7 @@ def renamed_logs(log: Path) -> list[Renamed]:
         return []
     by_stamp: dict[str, Renamed] = {}
     for sibling in siblings:
-        suffix = sibling.name[len(log.name) + 1:] if sibling.name.startswith(log.name + ".") else ""
-        match = _STAMP.fullmatch(suffix)
+        match = ROTATED_SUFFIX.fullmatch(sibling.name, len(log.name)) if sibling.name.startswith(log.name) else None
         if not match:
             continue
         try:
