@@ -25,6 +25,7 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from kcover.k8s.agent.rotation import Retry, newest_stamp, unread_renamed
 
@@ -101,22 +102,16 @@ def _take_lines(data: bytes, cursor: Cursor, *, final: bool) -> tuple[bytes, int
     return block, first
 
 
-def _replaced(path: Path, inode: int, cursor: Cursor) -> bool:
-    """Whether the file a cursor followed is no longer the one at ``path`` (rotated away, or its inode reused)."""
+def _replaced(path: Path, opened: IO[bytes], inode: int, cursor: Cursor) -> bool:
+    """Whether the file a cursor followed is no longer the one at ``path`` (rotated away, or its inode reused).
+
+    ``opened``: that file, just opened (its first bytes are compared with the cursor's).
+    """
     if cursor.inode != inode:
         return True
     if cursor.head:
-        return not _starts_as(path, cursor.head)
+        return opened.read(len(cursor.head) // 2).hex() != cursor.head
     return newest_stamp(path) != cursor.after  # nothing read yet to know it by: a rotation since says so
-
-
-def _starts_as(path: Path, head: str) -> bool:
-    """Whether the file at ``path`` still begins with ``head`` (hex; unreadable: assumed so, the read says more)."""
-    try:
-        with path.open("rb") as opened:
-            return opened.read(len(head) // 2).hex() == head
-    except OSError:
-        return True
 
 
 def _cursor_from(saved: object) -> Cursor | None:
@@ -159,20 +154,20 @@ class Tailer:
         cursor = self.cursors.get(key)
         if cursor is not None and cursor.inode == info.st_ino and info.st_size == cursor.offset:
             return None  # nothing new (checked first: this is most polls of most files)
-        if cursor is not None and _replaced(path, info.st_ino, cursor):
-            try:  # a new file: first what is left of the rotated ones (the fault may be there), as `kubectl logs` reads
-                rotated = self._read_rotated(key, path, cursor)
-            except Retry:
-                return None
-            if rotated is not None:
-                return rotated
-            cursor = None
-        if cursor is None or info.st_size < cursor.offset:  # new, or truncated in place
-            cursor = self.cursors[key] = Cursor(inode=info.st_ino, after=newest_stamp(path))
-        if info.st_size == cursor.offset:
-            return None
         try:
-            with path.open("rb") as stream:
+            with path.open("rb") as stream:  # one open per poll with news: the first bytes, then the new ones
+                if cursor is not None and _replaced(path, stream, info.st_ino, cursor):
+                    try:  # a new file: first what is left of the rotated ones (the fault may be there)
+                        rotated = self._read_rotated(key, path, cursor)
+                    except Retry:
+                        return None
+                    if rotated is not None:
+                        return rotated
+                    cursor = None
+                if cursor is None or info.st_size < cursor.offset:  # new, or truncated in place
+                    cursor = self.cursors[key] = Cursor(inode=info.st_ino, after=newest_stamp(path))
+                if info.st_size == cursor.offset:
+                    return None
                 stream.seek(cursor.offset)
                 data = stream.read(READ_LIMIT)
         except OSError:
