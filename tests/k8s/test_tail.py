@@ -209,3 +209,17 @@ def test_a_log_empty_at_the_last_poll_and_rotated_twice_is_read_whole(tmp_path: 
     _rotate(log, "20261201-100010")
     log.write_bytes(b"z\n")
     assert [tailer.read(log) for _ in range(4)] == [(b"x\n", 1), (b"y\n", 1), (b"z\n", 1), None]
+
+
+def test_the_rest_of_a_rotated_file_is_taken_in_one_read_with_its_unfinished_last_line(tmp_path: Path) -> None:
+    log = tmp_path / "0.log"
+    log.write_bytes(b"one\n")
+    tailer = Tailer()
+    assert tailer.read(log) == (b"one\n", 1)
+    rest = b"step\n" * 400_000 + b"last words"  # 2 MB: more than a live read takes, less than a rotated one
+    with log.open("ab") as out:
+        out.write(rest)
+    _rotate(log, "20261201-100000")
+    log.write_bytes(b"fresh\n")
+    assert tailer.read(log) == (rest, 2)
+    assert tailer.read(log) == (b"fresh\n", 1)

@@ -82,15 +82,16 @@ def find_container_logs(root: Path) -> Iterator[ContainerLog]:
                 yield ContainerLog(match["namespace"], match["pod"], match["uid"], container_dir.name, log)
 
 
-def _take_lines(data: bytes, cursor: Cursor, *, final: bool) -> tuple[bytes, int] | None:
+def _take_lines(data: bytes, cursor: Cursor, *, final: bool, limit: int = READ_LIMIT) -> tuple[bytes, int] | None:
     """The whole lines of ``data`` (read at the cursor), moving the cursor past them; None when there are none.
 
-    ``final``: the file is no longer written (rotated away), so a last line
-    without its line break is taken too rather than waited for.
+    ``limit``: the most that was asked for (less came: the file's end was
+    reached).  ``final``: the file is no longer written (rotated away), so a
+    last line without its line break is taken too rather than waited for.
     """
     cut = data.rfind(b"\n")
-    if cut < 0 or (final and len(data) < READ_LIMIT):
-        if not data or (len(data) < READ_LIMIT and not final):
+    if cut < 0 or (final and len(data) < limit):
+        if not data or (len(data) < limit and not final):
             return None
         cut = len(data) - 1
     block = data[: cut + 1]
@@ -179,7 +180,8 @@ class Tailer:
         files, followed = unread_renamed(path, cursor.inode, cursor.head, cursor.after)
         for at, renamed in enumerate(files):
             reading = cursor if followed and at == 0 else Cursor(inode=renamed.inode)
-            lines = _take_lines(renamed.read_from(reading.offset, ROTATED_READ_LIMIT), reading, final=True)
+            data = renamed.read_from(reading.offset, ROTATED_READ_LIMIT)
+            lines = _take_lines(data, reading, final=True, limit=ROTATED_READ_LIMIT)
             if lines is not None:  # the cursor changes only once something was read
                 reading.inode, reading.after = renamed.inode, renamed.stamp
                 self.cursors[key] = reading
