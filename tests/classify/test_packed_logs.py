@@ -212,6 +212,13 @@ def test_member_names_are_printable_and_never_leave_the_archive(tmp_path: Path) 
     assert read_paths([tmp_path / "links.tar"])[1] == 0
 
 
+def test_a_member_named_only_dots_or_slashes_is_read_and_the_rest_too(tmp_path: Path) -> None:
+    archive = _tar(tmp_path / "odd.tar", {"..": OOM, "node-1/rank1.log": XID}, mode="w")
+    verdict, read = read_paths([archive])
+    assert (read, verdict.category, verdict.warnings) == (2, "gpu_hardware", ())
+    assert {fault.evidence.source for fault in verdict.faults} == {f"{archive}:unnamed", f"{archive}:node-1/rank1.log"}
+
+
 def test_escapes_in_a_member_name_are_shown_escaped(tmp_path: Path) -> None:
     archive = _zip(tmp_path / "logs.zip", {"\x1b]0;pwned\x07rank1.log": XID})
     verdict = explain_paths([archive])

@@ -253,8 +253,8 @@ def _member(archive: SourceInfo, path: str) -> SourceInfo:
     it is a pod's log folder (``<namespace>_<pod>_<uid>/<container>/0.log``).
     """
     parts = [part for part in PurePosixPath(path).parts if part.strip("/") and part not in (".", "..")]
-    packed_folder = parts[0] == wrapper_folder(archive.name) or (len(parts) > 2 and not is_pod_folder(parts[0]))
-    if len(parts) > 1 and packed_folder:
+    deep = len(parts) > 2 and not is_pod_folder(parts[0])
+    if len(parts) > 1 and (deep or parts[0] == wrapper_folder(archive.name)):
         parts = parts[1:]
     relative = PurePosixPath(*parts) if parts else PurePosixPath("unnamed")
     described = describe_relative(relative, str(relative))
