@@ -6,7 +6,7 @@ ranks than cores) barely does, so the test judges the detector and not the machi
 
 STEPS (default 120) steps; rank 0 does 30% extra work every 10th step (uneven by design); every 10
 steps rank 0 saves the step to KCOVER_CHECKPOINT_DIR and reports it, and a restart resumes from it.
-DIE_RANK / DIE_STEP: that rank exits 3 at that step (first attempt only).
+DIE_RANK / DIE_STEP: that rank exits 3 at that step (first attempt only), at once, as a crash would.
 """
 import os
 import sys
@@ -28,7 +28,8 @@ first_attempt = os.environ["KCOVER_RESTART_COUNT"] == "0"
 matrix = torch.randn(32, 32)
 for step in range(start, steps):
     if first_attempt and str(rank) == os.environ.get("DIE_RANK") and step == int(os.environ.get("DIE_STEP", "-1")):
-        sys.exit(3)
+        sys.stdout.flush()
+        os._exit(3)  # sys.exit with gloo's threads alive sometimes ends in std::terminate (SIGABRT), not 3
     timer = kcover.timed(step)
     with timer:
         work = 39 if rank == 0 and step % 10 == 0 else 30
