@@ -23,6 +23,7 @@ from kcover.classify.matcher import Matcher, default_matcher
 from kcover.collect.lines import ByteStream, dedent_blocks, read_blocks
 from kcover.collect.node_resources import read_node_resources
 from kcover.collect.packed import open_logs
+from kcover.collect.partial_lines import join_partial_blocks
 from kcover.collect.printable import printable
 from kcover.collect.sources import SourceInfo, find_sources
 from kcover.collect.task_labels import read_task_labels
@@ -38,7 +39,7 @@ def scan_stream(
     files), so line numbers and the kept tail run on across them.
     """
     lines = lines_before
-    for block in dedent_blocks(read_node_resources(read_task_labels(read_blocks(stream)))):
+    for block in dedent_blocks(read_node_resources(read_task_labels(join_partial_blocks(read_blocks(stream))))):
         hits, breaks = matcher.scan_counted(block, lines + 1)
         for hit in hits:
             collector.add_hit(source, hit)

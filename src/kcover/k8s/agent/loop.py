@@ -31,6 +31,7 @@ from kcover.classify.collector import FaultCollector
 from kcover.classify.exit_codes import describe_exit, rule_for_exit
 from kcover.classify.matcher import Matcher, default_matcher
 from kcover.collect.lines import clean_block
+from kcover.collect.partial_lines import join_partial_lines
 from kcover.collect.sources import SourceInfo
 from kcover.faults import NO_PROGRESS_RULE, Evidence
 from kcover.k8s.agent.inject import InjectionDesk
@@ -93,7 +94,8 @@ class Agent:
                 continue
             read_any = True
             block, first = found
-            new += self._scan(pod, clean_block(block), first, f"{container.container}/{container.path.name}")
+            text = join_partial_lines(clean_block(block))
+            new += self._scan(pod, text, first, f"{container.container}/{container.path.name}")
         new += self._hangs(pods, time.monotonic())
         if self.kernel is not None:
             kernel_block = self.kernel.read()

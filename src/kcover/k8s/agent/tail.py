@@ -7,7 +7,9 @@ followed and of any newer renamed ones, compressed or not
 (:mod:`kcover.k8s.agent.rotation`), then starts the new file from its
 beginning.  A new file given the inode an old one freed is told apart by its
 first bytes, kept with the offset.
-Only whole lines are returned; a partial last line waits for the next poll.
+Only whole lines are returned; a partial last line waits for the next poll,
+and so do the pieces of a line the runtime cut whose last piece is not
+written yet (:mod:`kcover.collect.partial_lines`).
 Offsets (inode, byte offset, line count) are saved atomically to a state file,
 so a restarted agent resumes where it stopped and reports nothing twice.
 
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from kcover.collect.partial_lines import unfinished_at
 from kcover.k8s.agent.rotation import Retry, newest_stamp, unread_renamed
 
 READ_LIMIT = 1 << 20
@@ -135,6 +138,8 @@ class Tailer:
     def __init__(self, state_file: Path | None = None) -> None:
         self.state_file = state_file
         self.cursors: dict[str, Cursor] = {}
+        self.waiting: dict[str, int] = {}
+        """Files whose last read held a cut line's pieces back, and their size then."""
         if state_file is not None and state_file.exists():
             try:
                 saved = json.loads(state_file.read_text())
@@ -173,7 +178,22 @@ class Tailer:
                 data = stream.read(READ_LIMIT)
         except OSError:
             return None
-        return _take_lines(data, cursor, final=False)
+        return _take_lines(self._held_back(key, data, info.st_size), cursor, final=False)
+
+    def _held_back(self, key: str, data: bytes, size: int) -> bytes:
+        """``data`` without the pieces of a cut line whose last piece is not written yet.
+
+        Such pieces (:mod:`kcover.collect.partial_lines`) wait one poll: a file
+        that has not grown since gives them as they are (containerd writes the
+        last words of a container that died mid-line as a piece), and so does a
+        read that is all pieces.
+        """
+        at = unfinished_at(data)
+        if at is None or self.waiting.get(key) == size or (at == 0 and len(data) >= READ_LIMIT):
+            self.waiting.pop(key, None)
+            return data
+        self.waiting[key] = size
+        return data[:at]
 
     def _read_rotated(self, key: str, path: Path, cursor: Cursor) -> tuple[bytes, int] | None:
         """Lines of the files ``path`` was rotated into that were not read yet; None when none are left."""
