@@ -76,9 +76,9 @@ def explain(
     if isinstance(text_or_lines, bytes):
         warnings: list[str] = []
         scan_logs(matcher, io.BytesIO(text_or_lines), info, collector, warnings, seekable=True)
-        return attribute(collector.faults, warnings, collector.tails)
+        return attribute(collector.faults, warnings, collector.tails, collector.progress)
     scan_stream(matcher, io.BytesIO(_as_bytes(text_or_lines)), info, collector)
-    return attribute(collector.faults, tails=collector.tails)
+    return attribute(collector.faults, tails=collector.tails, progress=collector.progress)
 
 
 def explain_paths(paths: Sequence[Path], *, matcher: Matcher | None = None) -> Verdict:
@@ -104,7 +104,7 @@ def read_paths(paths: Sequence[Path], *, matcher: Matcher | None = None) -> tupl
                 read += logs
             except OSError as exc:
                 warnings.append(f"{printable(str(path))}: cannot read ({exc.strerror or exc}), skipped")
-    return attribute(collector.faults, warnings, collector.tails), read
+    return attribute(collector.faults, warnings, collector.tails, collector.progress), read
 
 
 def scan_logs(

@@ -67,6 +67,18 @@ def test_hang_in_allreduce_is_detected_stacks_kept_and_recovered(tmp_path: Path)
     assert "rank 1" in stacks
 
 
+def test_the_rank_the_others_timed_out_waiting_for_is_named(tmp_path: Path) -> None:
+    """Real gloo: rank 0 stops before an all_reduce; ranks 1-3 time out in it (3 s) and die; rank 0 logs nothing."""
+    code, doc, stderr = run(tmp_path, "late_rank.py", "--nproc-per-node", "4", "--hang-timeout", "60")
+    assert code == 0, (doc, stderr[-3000:])
+    first = doc["attempts"][0]
+    assert first["root_cause"]["category"] == "collective_timeout_hang"
+    assert first["root_cause"]["ranks"] == [0]
+    assert first["root_cause"]["nodes"] == [] and first["root_cause"]["action"] == "restart"
+    assert "rank 0 on node-0 did not time out while ranks 1, 2, 3 timed out waiting for it" in first["reason"]
+    assert doc["status"] == "succeeded" and doc["restarts"] == 1
+
+
 def test_hang_at_the_same_step_twice_fails_fast(tmp_path: Path) -> None:
     code, doc, _ = run(tmp_path, "hang_allreduce.py", "--nproc-per-node", "2", "--hang-timeout", "3",
                        env={"HANG_EVERY_TIME": "1"})

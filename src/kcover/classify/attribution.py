@@ -14,7 +14,9 @@ once flagged 77 nodes).  The rules here are few and explicit:
    cascade reporters are never blamed.  Nodes are named for exclusion
    only when the root rule says the node is at fault.
 4. With only cascade symptoms, the earliest of highest priority stands as the
-   root, and nobody is blamed.
+   root, and nobody is blamed; for a collective timeout, the ranks it waited
+   for are named when the timeout lines tell (:mod:`kcover.classify.laggards`),
+   never as nodes to exclude.
 5. When no rule explains the failure (no fatal fault, or only reports of a
    non-zero exit or of an uncaught C++ exception) but a source's log ends in
    failure, that source's last fatal-looking line is the root
@@ -31,8 +33,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TypeVar
 
 from kcover.classify.fallback import Tail, fallback_faults, unexplained
+from kcover.classify.laggards import Progress, find_laggards, progress_of_faults
 from kcover.collect.sources import SourceInfo
-from kcover.faults import Action, Fault, Role, Verdict
+from kcover.faults import Action, Category, Fault, Role, Verdict
 
 T = TypeVar("T")
 
@@ -58,9 +61,20 @@ def _unique(values: Iterable[T | None]) -> list[T]:
 
 
 def attribute(
-    faults: Sequence[Fault], warnings: Sequence[str] = (), tails: Mapping[SourceInfo, Tail] | None = None
+    faults: Sequence[Fault],
+    warnings: Sequence[str] = (),
+    tails: Mapping[SourceInfo, Tail] | None = None,
+    progress: Sequence[Progress] = (),
+    ranks_read: Mapping[int, str | None] | None = None,
 ) -> Verdict:
-    """The verdict for a job from every fault observed in it (and the tails of its logs, for rule 5)."""
+    """The verdict for a job from every fault observed in it (and the tails of its logs, for rule 5).
+
+    ``progress``: what collective-timeout lines told of each rank beyond the
+    faults' evidence (:meth:`FaultCollector.progress`: lines of many ranks in
+    one log count as one fault), for the laggards of rule 4; ``ranks_read``:
+    the ranks whose logs were read, and their nodes (default: the tails'), for
+    its suspects.
+    """
     if tails and unexplained(faults):
         faults = [*faults, *fallback_faults(tails, beyond_exit=any(fault.is_fatal for fault in faults))]
     if not faults:
@@ -77,11 +91,18 @@ def attribute(
         )
     root, _ = min(fatal, key=lambda item: _order(*item))
     if root.role is Role.CASCADE:
+        laggards = None
+        if root.category is Category.COLLECTIVE_TIMEOUT_HANG:
+            if ranks_read is None:
+                ranks_read = {source.rank: source.node for source in tails or () if source.rank is not None}
+            laggards = find_laggards([*progress_of_faults(faults), *progress], dict(ranks_read))
         return Verdict(
             root=root,
             action=_action(root),
             faults=tuple(faults),
-            reason=f"only cascade symptoms seen ({root.title}); the rank that failed first left no sign",
+            ranks=laggards.ranks if laggards else (),
+            reason=f"only cascade symptoms seen ({root.title}); "
+            + (laggards.describe() if laggards else "the rank that failed first left no sign"),
             warnings=tuple(warnings),
         )
     implicated = [fault for fault, _ in fatal if fault.rule == root.rule]

@@ -21,16 +21,19 @@ from collections import deque
 from dataclasses import replace
 
 from kcover.classify.fallback import TAIL_LINES, Tail, TailKeeper, lines_before
+from kcover.classify.laggards import Progress, progress_of
 from kcover.classify.matcher import Hit
 from kcover.classify.rules import UNLESS_AFTER_LINES, Rule
 from kcover.classify.vocabulary import layer_of
 from kcover.collect.hostlist import expand as expand_hosts
 from kcover.collect.lines import evidence_text, line_shape, parse_line
 from kcover.collect.sources import SourceInfo
-from kcover.faults import Evidence, Fault, Severity
+from kcover.faults import NO_PROGRESS_RULE, Category, Evidence, Fault, Severity
 
 MAX_DISTINCT = 20
 MAX_EXCUSED_REPEATS = 8
+MAX_PROGRESS = 16384
+"""Distinct collective-timeout progress reports kept (:mod:`kcover.classify.laggards`), per job."""
 """A fault seen more often than this is never excused: a flood is not one line logged on the way out."""
 
 
@@ -105,6 +108,8 @@ class FaultCollector:
         """For those faults, the line number of every occurrence (each must be excused)."""
         self._degraded_at: dict[SourceInfo, deque[int]] = {}
         """Per source, the line numbers of its latest degraded signs (the fallback passes over them)."""
+        self._progress: dict[Progress, None] = {}
+        """What collective-timeout lines told of each rank (repeats of one shape would hide other ranks')."""
         self._changes = 0
         self._judged: tuple[int, dict[SourceInfo, Tail], set[tuple[str, str, str]]] | None = None
         """The tails and the excused faults as of ``_changes``: a verdict reads both, computed once."""
@@ -119,6 +124,10 @@ class FaultCollector:
             if numbers is None:
                 numbers = self._degraded_at[source] = deque(maxlen=TAIL_LINES)
             numbers.append(hit.line_number)
+        if (hit.rule.spec.category is Category.COLLECTIVE_TIMEOUT_HANG and hit.rule.id != NO_PROGRESS_RULE
+                and len(self._progress) < MAX_PROGRESS):
+            rank = hit.line.rank if hit.line.rank is not None else source.rank
+            self._progress[progress_of(hit.line.text, rank, source.node or hit.line.node)] = None
         if not hit.rule.names_nodes:
             return self._add_shaped(source, hit, shape, None)
         new = None
@@ -174,6 +183,16 @@ class FaultCollector:
         keeper = self._tails.get(source)
         if keeper is not None:
             keeper.settle()
+
+    @property
+    def progress(self) -> list[Progress]:
+        """What collective-timeout lines told of each rank's progress (for the laggards of a hang)."""
+        return list(self._progress)
+
+    @property
+    def ranks_read(self) -> dict[int, str | None]:
+        """The ranks whose logs were read, and their nodes."""
+        return {source.rank: source.node for source in self._tails if source.rank is not None}
 
     @property
     def tails(self) -> dict[SourceInfo, Tail]:

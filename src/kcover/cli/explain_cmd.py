@@ -85,7 +85,7 @@ def _explain_stdin(matcher: Matcher) -> Verdict:
         typer.echo(f"kcover: warning: {warning}", err=True)
     if read == 0:
         raise UsageError(f"nothing was read: no log on stdin could be read ({len(warnings)} problems, named above)")
-    return attribute(collector.faults, warnings, collector.tails)
+    return attribute(collector.faults, warnings, collector.tails, collector.progress)
 
 
 def _nothing_read(paths: list[Path], skipped: int) -> str:

@@ -118,7 +118,9 @@ class Attempt:
             pump.close()
             group.close()
         tails = {source: tail for source, tail in self.collector.tails.items() if source.rank in self.died}
-        return AttemptResult(outcome, attribute(self.collector.faults, tails=tails), ended=time.monotonic(),
+        verdict = attribute(self.collector.faults, tails=tails, progress=self.collector.progress,
+                            ranks_read=self.collector.ranks_read)
+        return AttemptResult(outcome, verdict, ended=time.monotonic(),
                              hung_at=self.hung_at, trace=self.trace.freeze(), stragglers=self.stragglers.freeze(),
                              **asdict(self.moments))
 
