@@ -24,6 +24,9 @@ from kcover.k8s.operator.record import RecoveryRecord
 from kcover.k8s.operator.views import JobView, PodView
 from kcover.podline import PodState
 
+_STARTED = ("Running", "Succeeded", "Failed")
+"""Pod phases whose containers ran, so their logs were there to read."""
+
 
 @dataclass(frozen=True)
 class Assessment:
@@ -89,7 +92,10 @@ def assess(job: JobView, pods: Sequence[PodView], rules: Sequence[Rule], policy:
     collector = evidence(current, rules)
     for rule, seen in found:
         collector.add(rule, seen)
-    verdict = attribute(collector.faults)
+    # every started pod of the attempt with a rank: the agents read their logs, so one that shows no
+    # timeout while the others timed out is a hang's likely laggard (kcover.classify.laggards)
+    started = {p.rank: p.node for p in current if p.rank is not None and p.phase in _STARTED}
+    verdict = attribute(collector.faults, ranks_read=started)
     nodes = tuple(sorted({p.node for p in current if p.node}))
     decision, new_state = decide(policy, record.state, AttemptEnd(verdict, nodes, hung_step(verdict), ran_for))
     return Assessment(True, verdict, decision, new_state, tuple(p.name for p in failing))
