@@ -53,12 +53,15 @@ def test_ranks_that_issued_fewer_collectives_are_named_from_one_pasted_log() -> 
     assert verdict.action is Action.RESTART and verdict.nodes == ()
 
 
-def test_monitored_barrier_names_the_ranks_itself() -> None:
+def test_monitored_barrier_names_the_ranks_itself_not_its_coordinator() -> None:
     assert explain("RuntimeError: [Rank 0]: Ranks 4, 5, 6, 7 failed to pass monitoredBarrier in 2000000 ms").ranks \
         == (4, 5, 6, 7)
-    waited = ("RuntimeError: Rank 2 successfully reached monitoredBarrier, but received errors while waiting for "
-              "send/recv from rank 0. Please check rank 0 logs for faulty rank.")
-    assert explain(waited).ranks == (0,)
+    # the other ranks' line names rank 0, the barrier's coordinator that threw: it did arrive
+    waited = ("[rank1]:[E325 17:13:23.16 ProcessGroupGloo.cpp:145] Rank 1 successfully reached monitoredBarrier, but "
+              "received errors while waiting for send/recv from rank 0. Please check rank 0 logs for faulty rank.")
+    assert explain(waited).ranks == ()
+    assert explain("[rank0]: RuntimeError: [Rank 0]: Ranks 2 failed to pass monitoredBarrier in 30000 ms\n"
+                   + waited).ranks == (2,)
 
 
 def test_a_rank_whose_log_shows_no_timeout_is_the_likely_laggard_never_excluded(tmp_path: Path) -> None:
@@ -117,3 +120,30 @@ def test_hostile_numbers_and_lines_are_bounded() -> None:
     assert find_laggards([Progress(rank=None, group=None, waiting=5)]) is None
     negative = progress_of("[Rank 2] Timeout at NCCL work: 0, last enqueued NCCL work: -1", rank=2)
     assert negative.waiting == 0 and negative.enqueued is None
+
+
+def test_numbers_that_cannot_be_a_laggards_name_nobody(tmp_path: Path) -> None:
+    # a point-to-point counter is no collective number: rank 1's last work was a receive (#41)
+    assert explain("\n".join([watchdog(0, 5000), dump_signal(1, 41, 40, source=0)])).ranks == ()
+    # one rank ahead of all others issued a collective nobody else did: not seven laggards
+    ahead = "\n".join([timeout_at(0, 11, 11)] + [dump_signal(rank, 10, 10, source=0) for rank in range(1, 8)])
+    assert explain(ahead).ranks == ()
+
+
+def test_a_group_local_rank_is_taken_for_the_logs_rank(tmp_path: Path) -> None:
+    """``[PG ID 1 … Rank 1]`` is rank 1 of that group: in ``rank5.log`` it is the job's rank 5."""
+    for node, ranks in (("node-a", range(0, 4)), ("node-b", range(4, 8))):
+        (tmp_path / node).mkdir()
+        for rank in ranks:
+            text = "step 41 loss 1.9\n"
+            if rank == 4:
+                text += timeout_at(0, 100, 100, group=1).split(":", 1)[1] + "\n"
+            if rank == 5:
+                text += dump_signal(1, 99, 99, source=4, group=1).split(":", 1)[1] + "\n"
+            (tmp_path / node / f"rank{rank}.log").write_text(text)
+    verdict = explain_paths([tmp_path])
+    assert verdict.ranks == (5,)
+    assert "rank 5 on node-b never reached collective 100" in verdict.reason
+    # pasted, with nothing but the group's own numbering: no rank of the job to name
+    pasted = timeout_at(0, 100, 100, group=1).split(":", 1)[1] + "\n" + dump_signal(1, 99, 99, group=1).split(":", 1)[1]
+    assert explain(pasted).ranks == ()

@@ -12,11 +12,12 @@ import resource
 import time
 from pathlib import Path
 
-from kcover.collect.lines import MAX_LINE_BYTES
+from kcover.collect.lines import MAX_LINE_BYTES, clean_block
 from kcover.collect.partial_lines import join_partial_lines, unfinished_at
 from kcover.explain import explain, explain_paths
 from kcover.faults import Category
 from kcover.k8s.agent.tail import READ_LIMIT, Tailer
+from kcover.steps import last_step
 
 PIECE = 16 * 1024
 ILLEGAL = "CUDA error: an illegal memory access was encountered"
@@ -154,3 +155,85 @@ def test_the_agent_never_stalls_on_a_read_that_is_all_pieces(tmp_path: Path) -> 
         out.write(records("y" * (5 * PIECE), finished=False))
     found = tailer.read(log)
     assert found is not None and found[1] == 1
+
+
+def two_streams() -> tuple[bytes, bytes]:
+    """stderr's cut fault and a cut stdout line, their pieces interleaved: err P, out P, err F | out F."""
+    err = records(straddling()).splitlines(keepends=True)
+    out = records("o" * (PIECE + 4000), "stdout").splitlines(keepends=True)
+    return err[0] + out[0] + err[1], out[1]
+
+
+def step_lines(before: int) -> list[bytes]:
+    """Step lines of a stdout up to ``before`` bytes."""
+    steps: list[bytes] = []
+    while sum(map(len, steps)) < before:
+        steps.append(records(f"step {len(steps)} loss 2.{len(steps) % 10}", "stdout", second=len(steps) % 60))
+    return steps
+
+
+def test_a_line_finished_inside_another_streams_pieces_is_never_split_from_its_own(tmp_path: Path) -> None:
+    first, second = two_streams()
+    log = tmp_path / "0.log"
+    log.write_bytes(b"".join(step_lines((1 << 20) - len(first) - 200)) + first + second + records("done", "stdout"))
+    assert explain_paths([log]).category is Category.GPU_HARDWARE  # a block ends inside stdout's last piece
+    log.write_bytes(first)
+    tailer, texts = Tailer(), []
+    for written in (b"", second):
+        with log.open("ab") as out:
+            out.write(written)
+        for _ in range(2):
+            if (found := tailer.read(log)) is not None:
+                texts.append(join_partial_lines(clean_block(found[0])))
+    assert any(ECC.encode() in text for text in texts)
+
+
+def test_a_read_that_ends_inside_the_last_piece_waits_for_it(tmp_path: Path) -> None:
+    """A backlog over the read limit cut inside the F record: that half record finishes nothing."""
+    cut = records(straddling())
+    first_piece = len(cut.splitlines(keepends=True)[0])
+    log = tmp_path / "0.log"
+    log.write_bytes(b"".join(step_lines(READ_LIMIT - first_piece - 100)) + cut + records("step 9999", "stdout"))
+    tailer, texts = Tailer(), []
+    for _ in range(4):
+        if (found := tailer.read(log)) is not None:
+            texts.append(join_partial_lines(clean_block(found[0])))
+    assert any(ECC.encode() in text for text in texts)
+
+
+def test_a_carriage_return_inside_a_piece_keeps_the_join_on_its_last_segment() -> None:
+    """A progress bar redrawn in place, cut by the runtime: the next piece continues its last segment."""
+    head = "Epoch 1:  50%|#####     | 5/10\r"
+    data = records(head + straddling()[len(head) :])
+    assert explain(data).category is Category.GPU_HARDWARE
+    joined = join_partial_lines(clean_block(data))
+    assert joined.count(b"\n") == clean_block(data).count(b"\n")
+
+
+def test_a_progress_bar_in_pieces_never_holds_the_steps_back(tmp_path: Path) -> None:
+    """CRI-O writes a piece for each write without a line break: a tqdm bar's every redraw.
+
+    The agent holds a piece one poll and no more, so the step lines behind it
+    reach the scanner (a hang detector would otherwise fire on a healthy job).
+    """
+    log = tmp_path / "0.log"
+    log.write_bytes(b"")
+    tailer, tick, steps = Tailer(), 0, 0
+    for _ in range(20):  # 20 polls; two redraws between each, a step line every 10 redraws
+        with log.open("ab") as out:
+            for _ in range(2):
+                tick += 1
+                stamp = f"2026-12-01T10:00:{tick // 10 % 60:02d}.{tick % 10}00000000+00:00"
+                out.write(f"{stamp} stderr P \r 37%|###7  | {tick}/100000 [01:02<01:46, 59.1it/s]\n".encode())
+                if tick % 10 == 0:
+                    out.write(f"{stamp} stdout F step {tick // 10} loss 1.93\n".encode())
+        found = tailer.read(log)
+        if found is not None and last_step(found[0]) is not None:
+            steps += 1
+    assert steps >= 3
+
+
+def test_a_record_needs_its_tag_as_a_word() -> None:
+    text = b"2026-12-01T10:00:00Z stderr Process 12 started\n2026-12-01T10:00:01Z stdout P piece\n"
+    assert unfinished_at(text) == text.index(b"2026-12-01T10:00:01Z")
+    assert join_partial_lines(text) == text

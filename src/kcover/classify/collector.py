@@ -127,7 +127,9 @@ class FaultCollector:
         if (hit.rule.spec.category is Category.COLLECTIVE_TIMEOUT_HANG and hit.rule.id != NO_PROGRESS_RULE
                 and len(self._progress) < MAX_PROGRESS):
             rank = hit.line.rank if hit.line.rank is not None else source.rank
-            self._progress[progress_of(hit.line.text, rank, source.node or hit.line.node)] = None
+            told = progress_of(hit.line.text, rank, source.node or hit.line.node,
+                               rank_in_text=hit.line.rank_in_text, source_rank=source.rank)
+            self._progress[told] = None
         if not hit.rule.names_nodes:
             return self._add_shaped(source, hit, shape, None)
         new = None

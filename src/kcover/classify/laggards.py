@@ -14,13 +14,19 @@ analysis does:
 - ``last enqueued NCCL work: E`` (also in ``Received a dump signal … Last
   enqueued NCCL work: E``, logged by a rank that was told to dump because
   another timed out): this rank issued collectives up to ``E``;
-- ``Ranks 1, 3 failed to pass monitoredBarrier`` and ``… while waiting for
-  send/recv from rank 0``: ``monitored_barrier`` names the ranks itself.
+- ``Ranks 1, 3 failed to pass monitoredBarrier``: ``monitored_barrier`` names
+  the ranks itself (the other ranks' ``… while waiting for send/recv from rank
+  0`` names the barrier's coordinator, not a laggard).
 
 Within one process group (``[PG ID 2 …]``, ``[PG 2 …]``; lines without one
 belong to the default group) the stuck collective is the lowest ``S`` any rank
-waits in; a rank that issued fewer collectives than that never reached it: a
-laggard, *proved* by its own numbers.  Without such numbers, ranks whose log
+waits in.  Every collective before it completed on every rank, so a rank that
+issued exactly ``S - 1`` and no more never reached it: a laggard, *proved* by
+its own numbers, when such ranks are no more than those waiting (one rank ahead
+of all the others issued a collective nobody else did: no laggard is named).
+A rank whose last work was a point-to-point one counts on another counter
+(PyTorch numbers sends and receives apart) and matches no ``S - 1`` by chance
+but rarely.  Without such numbers, ranks whose log
 was read (per-rank files, ``kcover run``'s workers) but that show no sign of
 waiting while others timed out are *suspects*: a rank killed before its own
 watchdog fired looks the same, so they are named as such and never excluded.
@@ -42,7 +48,7 @@ _WAITING = re.compile(
 )
 _ENQUEUED = re.compile(r"[Ll]ast enqueued (?:NCCL )?work: (\d+)")
 _BARRIER_FAILED = re.compile(r"\bRanks? ([\d, ]{1,2000}?) failed to pass monitoredBarrier")
-_BARRIER_WAITED_FOR = re.compile(r"received errors while waiting for send/recv from rank (\d+)")
+_IN_TEXT_RANK = re.compile(r"\bRank (\d+)\]")
 READ_CHARS = 4000
 MAX_RANK = 1 << 20
 """Numbers above this are no rank (a line cut mid-number, a step count)."""
@@ -98,25 +104,35 @@ def _ranks_text(ranks: Sequence[int]) -> str:
     return f"rank{'s' if len(ranks) != 1 else ''} {shown}"
 
 
-def progress_of(text: str, rank: int | None, node: str | None = None) -> Progress:
+def progress_of(text: str, rank: int | None, node: str | None = None, *, rank_in_text: bool | None = None,
+                source_rank: int | None = None) -> Progress:
     """What a timeout line says about its rank's progress (the numbers it gives, if any).
 
-    Only the line's first :data:`READ_CHARS` are read: the numbers sit near its head.
+    In a process group other than the default, the rank a line's words name
+    (``[PG ID 2 … Rank 1]``) is the rank within that group, not the job's:
+    then the rank of the line's log (``source_rank``) is taken, or none.
+    ``rank_in_text``: whether ``rank`` was read from the words (None: not
+    known, so a rank equal to the one the words name is taken for it).  Only
+    the line's first :data:`READ_CHARS` are read: the numbers sit near its head.
     """
     text = text[:READ_CHARS]
     waiting = _WAITING.search(text)
     enqueued = _ENQUEUED.search(text)
     failed = _BARRIER_FAILED.search(text)
-    waited_for = _BARRIER_WAITED_FOR.search(text)
-    group = _GROUP.search(text)
+    found_group = _GROUP.search(text)
+    group = int(found_group.group(1)) if found_group else None
     named: tuple[int, ...] = ()
     if failed:
         named = tuple(int(number) for number in re.findall(r"\d+", failed.group(1)) if int(number) <= MAX_RANK)
-    elif waited_for and int(waited_for.group(1)) <= MAX_RANK:
-        named = (int(waited_for.group(1)),)
+    if group and rank is not None:
+        if rank_in_text is None:
+            in_text = _IN_TEXT_RANK.search(text)
+            rank_in_text = in_text is not None and int(in_text.group(1)) == rank
+        if rank_in_text:
+            rank = source_rank
     return Progress(
         rank=rank,
-        group=int(group.group(1)) if group else None,
+        group=group,
         waiting=int(next(number for number in waiting.groups() if number)) if waiting else None,
         enqueued=int(enqueued.group(1)) if enqueued else None,
         named=named,
@@ -160,25 +176,24 @@ def find_laggards(progress: Sequence[Progress], read_ranks: dict[int, str | None
 
 
 def _behind(progress: Sequence[Progress]) -> tuple[list[int], list[int], int | None]:
-    """Ranks that issued fewer collectives than the one their group is stuck in (the first group that has any)."""
+    """Ranks that issued all collectives up to the one their group is stuck in, not it (the first group with any)."""
     reached: dict[tuple[int | None, int], int] = {}
     stuck: dict[int | None, int] = {}
-    waiters: dict[int | None, set[int]] = {}
     for p in progress:
         if p.rank is None:
             continue
         if p.waiting is not None:
             stuck[p.group] = min(stuck.get(p.group, p.waiting), p.waiting)
-            waiters.setdefault(p.group, set()).add(p.rank)
         furthest = max(number for number in (p.waiting, p.enqueued) if number is not None) if (
             p.waiting is not None or p.enqueued is not None) else None
         if furthest is not None:
             key = (p.group, p.rank)
             reached[key] = max(reached.get(key, furthest), furthest)
     for group, collective in sorted(stuck.items(), key=lambda item: (item[0] is None, item[0] or 0)):
-        behind = sorted(rank for (of, rank), number in reached.items() if of == group and number < collective)
-        if behind:
-            return behind, sorted(waiters[group] - set(behind)), collective
+        behind = sorted(rank for (of, rank), number in reached.items() if of == group and number == collective - 1)
+        there = sorted(rank for (of, rank), number in reached.items() if of == group and number >= collective)
+        if behind and len(behind) <= len(there):  # at or past it: waiting in it
+            return behind, there, collective
     return [], [], None
 
 

@@ -232,6 +232,8 @@ class LogLine:
     node: str | None = None
     message_at: int = 0
     """Where the message begins in ``text``, after quote marks, rank tags and timestamps."""
+    rank_in_text: bool = False
+    """The rank was read from the message's words (``[PG ID 2 … Rank 1]``), not from a tag or prefix."""
 
     @property
     def message(self) -> str:
@@ -280,13 +282,13 @@ def parse_line(raw: bytes) -> LogLine:
         stamp = _TIMESTAMP.match(text)
         if stamp:
             timestamp = stamp.group(1) or stamp.group(2)
-    if rank is None:
-        in_text = _RANK_IN_TEXT.search(text)
-        if in_text:
-            rank = int(in_text.group(1) or in_text.group(2))
+    in_text = _RANK_IN_TEXT.search(text) if rank is None else None
+    if in_text:
+        rank = int(in_text.group(1) or in_text.group(2))
     host = _NCCL_HOST.search(text)
     return LogLine(
-        text=text, timestamp=timestamp, rank=rank, node=node or (host.group(1) if host else None), message_at=message_at
+        text=text, timestamp=timestamp, rank=rank, node=node or (host.group(1) if host else None),
+        message_at=message_at, rank_in_text=in_text is not None,
     )
 
 

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Iterator
 
 from kcover.collect.lines import MAX_LINE_BYTES
 
-_RECORD = re.compile(rb"^\d{4}-\d\d-\d\dT[\d:.]+(?:Z|[+-]\d\d:\d\d) (stdout|stderr) ([FP]) ?")
+_RECORD = re.compile(rb"^\d{4}-\d\d-\d\dT[\d:.]+(?:Z|[+-]\d\d:\d\d) (stdout|stderr) ([FP])(?: |$)")
 _PIECE_MARKS = (b"out P ", b"err P ")
 MAX_HELD_BYTES = 4 * MAX_LINE_BYTES
 """Bytes held back waiting for a line's last piece, other lines between its pieces included."""
@@ -38,66 +38,95 @@ def _has_pieces(block: bytes) -> bool:
 
 
 def unfinished_at(block: bytes) -> int | None:
-    """Where the first piece of a cut line whose last piece is not in ``block`` begins; None when there is none."""
+    """Where the first piece of a cut line whose last piece is not in ``block`` begins; None when there is none.
+
+    A last line without its line break is no record yet (a read may end
+    inside one).  A line finished after that point whose pieces began before
+    it moves the point back to its first piece: a cut line is never split
+    between what is given and what waits.
+    """
     if not _has_pieces(block):
         return None
     started: dict[bytes, int] = {}  # stream -> where its unfinished pieces begin
     sizes: dict[bytes, int] = {}
+    finished: list[tuple[int, int]] = []  # (first piece, last piece) of every joined line
     at = 0
-    for line in block.split(b"\n"):
+    lines = block.split(b"\n")
+    for line in lines[:-1]:  # the part after the last line break is not a whole record
         record = _RECORD.match(line)
         if record is not None:
             stream, tag = record.group(1), record.group(2)
             if tag == b"P":
-                started.setdefault(stream, at)
+                first = started.setdefault(stream, at)
                 sizes[stream] = sizes.get(stream, 0) + len(line) - record.end()
                 if sizes[stream] >= MAX_LINE_BYTES:  # joined, it is given here: nothing waits
+                    finished.append((first, at))
                     del started[stream], sizes[stream]
-            else:
-                started.pop(stream, None)
+            elif stream in started:
+                finished.append((started.pop(stream), at))
                 sizes.pop(stream, None)
         at += len(line) + 1
-    return min(started.values(), default=None)
+    cut = min(started.values(), default=None)
+    if cut is None:
+        return None
+    for first, last in sorted(finished, reverse=True):  # latest first: a move back can reach an earlier one
+        if first < cut <= last:
+            cut = first
+    return cut
 
 
 def join_partial_lines(block: bytes) -> bytes:
     """``block`` with each cut line whole on its last piece's line, its earlier pieces' lines blank.
 
     Pieces whose last piece is not in ``block`` are left as they are.  The
-    same number of line breaks comes out as went in.
+    same number of line breaks comes out as went in.  A line without a record
+    header after a record is the rest of that record that a carriage return
+    split off (a progress bar redrawn in place): a piece ends on its last such
+    line, and that is what the next piece continues.
     """
     if not _has_pieces(block):
         return block
     lines = block.split(b"\n")
-    pieces: dict[bytes, list[int]] = {}  # stream -> the indexes of its waiting pieces
+    original = list(lines)
+    ends: dict[bytes, int] = {}  # stream -> the line its waiting pieces end on so far
     sizes: dict[bytes, int] = {}
-    starts: dict[int, tuple[int, int]] = {}  # index of a piece -> where its tag and its text start
+    touched: dict[bytes, list[int]] = {}  # stream -> lines changed for its waiting pieces
+    last_stream: bytes | None = None  # the stream of the latest record: a line without a header is its
     for index, line in enumerate(lines):
         record = _RECORD.match(line)
         if record is None:
+            if last_stream in ends and line:
+                ends[last_stream] = index  # split off by a carriage return: the piece now ends here
             continue
         stream, tag = record.group(1), record.group(2)
-        if tag == b"F" and stream not in pieces:
-            continue
-        waiting = pieces.setdefault(stream, [])
-        waiting.append(index)
-        starts[index] = (record.start(2), record.end())
-        sizes[stream] = sizes.get(stream, 0) + len(line) - record.end()
-        if tag == b"F" or sizes[stream] >= MAX_LINE_BYTES:
-            _join(lines, waiting, starts)
-            del pieces[stream], sizes[stream]
+        last_stream = stream
+        if stream in ends:  # this record's text continues the previous piece's last line
+            end = ends[stream]
+            carried = lines[end][record_end(lines[end]) :]
+            lines[end] = b""
+            tagged = line[: record.start(2)] + b"F" + line[record.start(2) + 1 : record.end()]
+            lines[index] = tagged + carried + line[record.end() :]
+            touched.setdefault(stream, []).extend((end, index))
+        if tag == b"P":
+            ends[stream] = index
+            sizes[stream] = sizes.get(stream, 0) + len(line) - record.end()
+            if sizes[stream] >= MAX_LINE_BYTES:  # as long as a line may be: given here
+                del ends[stream], sizes[stream]
+                touched.pop(stream, None)
+        else:
+            ends.pop(stream, None)
+            sizes.pop(stream, None)
+            touched.pop(stream, None)
+    for stream in ends:  # not finished in this block: as they were
+        for index in touched.get(stream, ()):
+            lines[index] = original[index]
     return b"\n".join(lines)
 
 
-def _join(lines: list[bytes], waiting: list[int], starts: dict[int, tuple[int, int]]) -> None:
-    """The pieces at ``waiting`` joined on the last one's line, tagged ``F``; the others' lines left blank."""
-    last = waiting[-1]
-    tag_at, text_at = starts[last]
-    head = lines[last][:tag_at] + b"F" + lines[last][tag_at + 1 : text_at]
-    text = b"".join(lines[index][starts[index][1] :] for index in waiting)
-    for index in waiting[:-1]:
-        lines[index] = b""
-    lines[last] = head + text
+def record_end(line: bytes) -> int:
+    """Where a line's text begins after its record header (0 for a line split off by a carriage return)."""
+    record = _RECORD.match(line)
+    return record.end() if record else 0
 
 
 def join_partial_blocks(blocks: Iterable[bytes]) -> Iterator[bytes]:

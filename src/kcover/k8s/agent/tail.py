@@ -139,7 +139,7 @@ class Tailer:
         self.state_file = state_file
         self.cursors: dict[str, Cursor] = {}
         self.waiting: dict[str, int] = {}
-        """Files whose last read held a cut line's pieces back, and their size then."""
+        """Files whose last read held a cut line's pieces back, and where in the file those begin."""
         if state_file is not None and state_file.exists():
             try:
                 saved = json.loads(state_file.read_text())
@@ -178,21 +178,22 @@ class Tailer:
                 data = stream.read(READ_LIMIT)
         except OSError:
             return None
-        return _take_lines(self._held_back(key, data, info.st_size), cursor, final=False)
+        return _take_lines(self._held_back(key, data, cursor.offset), cursor, final=False)
 
-    def _held_back(self, key: str, data: bytes, size: int) -> bytes:
-        """``data`` without the pieces of a cut line whose last piece is not written yet.
+    def _held_back(self, key: str, data: bytes, offset: int) -> bytes:
+        """``data`` (read at ``offset``) without the pieces of a cut line whose last piece is not written yet.
 
-        Such pieces (:mod:`kcover.collect.partial_lines`) wait one poll: a file
-        that has not grown since gives them as they are (containerd writes the
-        last words of a container that died mid-line as a piece), and so does a
-        read that is all pieces.
+        Such pieces (:mod:`kcover.collect.partial_lines`) wait one poll, and
+        only one: the next read gives them as they are, joined or not
+        (containerd writes the last words of a container that died mid-line as
+        a piece, and CRI-O a piece for each write without a line break, a
+        progress bar's every redraw).  A read that is all pieces is given too.
         """
         at = unfinished_at(data)
-        if at is None or self.waiting.get(key) == size or (at == 0 and len(data) >= READ_LIMIT):
+        if at is None or self.waiting.get(key) == offset + at or (at == 0 and len(data) >= READ_LIMIT):
             self.waiting.pop(key, None)
             return data
-        self.waiting[key] = size
+        self.waiting[key] = offset + at
         return data[:at]
 
     def _read_rotated(self, key: str, path: Path, cursor: Cursor) -> tuple[bytes, int] | None:
@@ -211,6 +212,7 @@ class Tailer:
     def forget_missing(self) -> None:
         for key in [k for k in self.cursors if not Path(k).exists()]:
             del self.cursors[key]
+            self.waiting.pop(key, None)
 
     def save(self) -> None:
         if self.state_file is None:

@@ -24,9 +24,6 @@ from kcover.k8s.operator.record import RecoveryRecord
 from kcover.k8s.operator.views import JobView, PodView
 from kcover.podline import PodState
 
-_STARTED = ("Running", "Succeeded", "Failed")
-"""Pod phases whose containers ran, so their logs were there to read."""
-
 
 @dataclass(frozen=True)
 class Assessment:
@@ -92,10 +89,9 @@ def assess(job: JobView, pods: Sequence[PodView], rules: Sequence[Rule], policy:
     collector = evidence(current, rules)
     for rule, seen in found:
         collector.add(rule, seen)
-    # every started pod of the attempt with a rank: the agents read their logs, so one that shows no
-    # timeout while the others timed out is a hang's likely laggard (kcover.classify.laggards)
-    started = {p.rank: p.node for p in current if p.rank is not None and p.phase in _STARTED}
-    verdict = attribute(collector.faults, ranks_read=started)
+    # a pod's index is no rank of the job (a pod runs --nproc-per-node ranks), and the agent counts one
+    # shape of line once per pod: no silent laggards here, only those the timeout lines prove
+    verdict = attribute(collector.faults, ranks_read={})
     nodes = tuple(sorted({p.node for p in current if p.node}))
     decision, new_state = decide(policy, record.state, AttemptEnd(verdict, nodes, hung_step(verdict), ran_for))
     return Assessment(True, verdict, decision, new_state, tuple(p.name for p in failing))
