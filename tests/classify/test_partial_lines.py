@@ -237,3 +237,14 @@ def test_a_record_needs_its_tag_as_a_word() -> None:
     text = b"2026-12-01T10:00:00Z stderr Process 12 started\n2026-12-01T10:00:01Z stdout P piece\n"
     assert unfinished_at(text) == text.index(b"2026-12-01T10:00:01Z")
     assert join_partial_lines(text) == text
+
+
+def test_a_block_that_opens_with_a_long_redrawn_progress_bar_is_still_joined() -> None:
+    """A block may begin inside a record a carriage return split: 10 KiB of segments with no record header.
+
+    The records near the block's end still say it is a container log.
+    """
+    segments = "\n".join(f" {n}%|####      | {n}/100 [00:0{n % 10}<01:00, 9.9it/s]" for n in range(250)) + "\n"
+    block = segments.encode() + records(straddling()) + records("step 3", "stdout")
+    assert len(segments) > 10_000
+    assert ECC.encode() in join_partial_lines(block)

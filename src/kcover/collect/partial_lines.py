@@ -33,7 +33,21 @@ MAX_HELD_BYTES = 4 * MAX_LINE_BYTES
 """Bytes held back waiting for a line's last piece, other lines between its pieces included."""
 
 
+_ANY_RECORD = re.compile(rb"(?m)^\d{4}-\d\d-\d\dT[\d:.]+(?:Z|[+-]\d\d:\d\d) std(?:out|err) [FP]")
+LOOK_BYTES = 4096
+"""Bytes at each end of a block looked at for a record: a block with none there is no container log."""
+
+
 def _has_pieces(block: bytes) -> bool:
+    """Whether ``block`` may hold pieces: a container log's records near its ends, and a ``P`` tag.
+
+    Looking for the tags alone costs a third of a scan of a log that is no
+    container log (two substring searches of every block): a record near the
+    block's ends is looked for first, in microseconds.
+    """
+    if _ANY_RECORD.search(block, 0, LOOK_BYTES) is None and \
+            _ANY_RECORD.search(block, max(0, len(block) - LOOK_BYTES)) is None:
+        return False
     return any(mark in block for mark in _PIECE_MARKS)
 
 
