@@ -147,3 +147,15 @@ def test_a_group_local_rank_is_taken_for_the_logs_rank(tmp_path: Path) -> None:
     # pasted, with nothing but the group's own numbering: no rank of the job to name
     pasted = timeout_at(0, 100, 100, group=1).split(":", 1)[1] + "\n" + dump_signal(1, 99, 99, group=1).split(":", 1)[1]
     assert explain(pasted).ranks == ()
+
+
+def test_a_long_timeout_line_keeps_where_its_rank_came_from(tmp_path: Path) -> None:
+    """A line over the matcher's whole-line size (a runtime's 16 KiB cut line, rejoined) is read in windows."""
+    for rank in (4, 5):
+        text = "step 41 loss 1.9\n"
+        if rank == 4:
+            text += timeout_at(0, 100, 100, group=1).split(":", 1)[1] + "\n"
+        else:
+            text += dump_signal(1, 99, 99, source=4, group=1).split(":", 1)[1] + " flight recorder entry;" * 300 + "\n"
+        (tmp_path / f"rank{rank}.log").write_text(text)
+    assert explain_paths([tmp_path]).ranks == (5,)

@@ -181,7 +181,8 @@ class Matcher:
         if best is None:
             return None
         head = parse_line(raw[:_HEAD_BYTES]) if with_prefixes else LogLine(text="")
-        return best[0], LogLine(text=best[1], timestamp=head.timestamp, rank=head.rank, node=head.node)
+        return best[0], LogLine(text=best[1], timestamp=head.timestamp, rank=head.rank, node=head.node,
+                                rank_in_text=head.rank_in_text)
 
 
 @lru_cache(maxsize=4)

@@ -24,40 +24,32 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator
+from itertools import chain
 
 from kcover.collect.lines import MAX_LINE_BYTES
 
 _RECORD = re.compile(rb"^\d{4}-\d\d-\d\dT[\d:.]+(?:Z|[+-]\d\d:\d\d) (stdout|stderr) ([FP])(?: |$)")
+_ANY_RECORD = re.compile(rb"(?m)^\d{4}-\d\d-\d\dT[\d:.]+(?:Z|[+-]\d\d:\d\d) std(?:out|err) [FP]")
 _PIECE_MARKS = (b"out P ", b"err P ")
 MAX_HELD_BYTES = 4 * MAX_LINE_BYTES
 """Bytes held back waiting for a line's last piece, other lines between its pieces included."""
-
-
-_ANY_RECORD = re.compile(rb"(?m)^\d{4}-\d\d-\d\dT[\d:.]+(?:Z|[+-]\d\d:\d\d) std(?:out|err) [FP]")
-LOOK_BYTES = 4096
-"""Bytes at each end of a block looked at for a record: a block with none there is no container log."""
+LOOK_BYTES = 65536
+"""Bytes of a stream's first block looked at for a record: a stream with none there is no container log."""
 
 
 def _has_pieces(block: bytes) -> bool:
-    """Whether ``block`` may hold pieces: a container log's records near its ends, and a ``P`` tag.
-
-    Looking for the tags alone costs a third of a scan of a log that is no
-    container log (two substring searches of every block): a record near the
-    block's ends is looked for first, in microseconds.
-    """
-    if _ANY_RECORD.search(block, 0, LOOK_BYTES) is None and \
-            _ANY_RECORD.search(block, max(0, len(block) - LOOK_BYTES)) is None:
-        return False
     return any(mark in block for mark in _PIECE_MARKS)
 
 
-def unfinished_at(block: bytes) -> int | None:
-    """Where the first piece of a cut line whose last piece is not in ``block`` begins; None when there is none.
+def unfinished(block: bytes, since: int = 0) -> tuple[int, int] | None:
+    """Where the first cut line whose last piece is not in ``block`` begins, and where to cut; None for none.
 
-    A last line without its line break is no record yet (a read may end
-    inside one).  A line finished after that point whose pieces began before
-    it moves the point back to its first piece: a cut line is never split
-    between what is given and what waits.
+    Only cut lines whose first piece starts at ``since`` or later count (the
+    agent gives earlier ones as they are).  A last line without its line
+    break is no record yet (a read may end inside one).  The cut is that first
+    piece, moved back to the first piece of any line finished after it that
+    began before it: a cut line is never split between what is given and what
+    waits.
     """
     if not _has_pieces(block):
         return None
@@ -80,13 +72,33 @@ def unfinished_at(block: bytes) -> int | None:
                 finished.append((started.pop(stream), at))
                 sizes.pop(stream, None)
         at += len(line) + 1
-    cut = min(started.values(), default=None)
-    if cut is None:
+    waiting = [first for first in started.values() if first >= since]
+    if not waiting:
         return None
+    cut = first_unfinished = min(waiting)
     for first, last in sorted(finished, reverse=True):  # latest first: a move back can reach an earlier one
         if first < cut <= last:
             cut = first
-    return cut
+    return first_unfinished, cut
+
+
+def unfinished_at(block: bytes) -> int | None:
+    """Where to cut ``block`` so that no cut line is split (:func:`unfinished`); None when nothing waits."""
+    found = unfinished(block)
+    return found[1] if found else None
+
+
+class _Chain:
+    """The pieces of one stream's cut line read so far: texts not yet placed, and where they came from."""
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+        self.size = 0
+        self.anchor = -1
+        """The line the latest part was taken from (blanked), where it goes back when a carriage return ends it."""
+        self.head = b""
+        """The record header of that line (b"" for a line a carriage return split off)."""
+        self.touched: list[int] = []
 
 
 def join_partial_lines(block: bytes) -> bytes:
@@ -95,63 +107,76 @@ def join_partial_lines(block: bytes) -> bytes:
     Pieces whose last piece is not in ``block`` are left as they are.  The
     same number of line breaks comes out as went in.  A line without a record
     header after a record is the rest of that record that a carriage return
-    split off (a progress bar redrawn in place): a piece ends on its last such
-    line, and that is what the next piece continues.
+    split off (a progress bar redrawn in place): the segment before it is whole
+    and goes back to its line, and the next piece continues the last segment.
+    Linear in the block's size: the texts of a chain are joined once.
     """
     if not _has_pieces(block):
         return block
     lines = block.split(b"\n")
     original = list(lines)
-    ends: dict[bytes, int] = {}  # stream -> the line its waiting pieces end on so far
-    sizes: dict[bytes, int] = {}
-    touched: dict[bytes, list[int]] = {}  # stream -> lines changed for its waiting pieces
+    chains: dict[bytes, _Chain] = {}
     last_stream: bytes | None = None  # the stream of the latest record: a line without a header is its
     for index, line in enumerate(lines):
         record = _RECORD.match(line)
         if record is None:
-            if last_stream in ends and line:
-                ends[last_stream] = index  # split off by a carriage return: the piece now ends here
+            pieces = chains.get(last_stream) if last_stream is not None else None
+            if pieces is not None and line:  # split off by a carriage return: what came before is whole
+                lines[pieces.anchor] = pieces.head + b"".join(pieces.parts)
+                pieces.parts, pieces.size, pieces.anchor, pieces.head = [line], len(line), index, b""
+                lines[index] = b""
+                pieces.touched.append(index)
             continue
         stream, tag = record.group(1), record.group(2)
         last_stream = stream
-        if stream in ends:  # this record's text continues the previous piece's last line
-            end = ends[stream]
-            carried = lines[end][record_end(lines[end]) :]
-            lines[end] = b""
-            tagged = line[: record.start(2)] + b"F" + line[record.start(2) + 1 : record.end()]
-            lines[index] = tagged + carried + line[record.end() :]
-            touched.setdefault(stream, []).extend((end, index))
-        if tag == b"P":
-            ends[stream] = index
-            sizes[stream] = sizes.get(stream, 0) + len(line) - record.end()
-            if sizes[stream] >= MAX_LINE_BYTES:  # as long as a line may be: given here
-                del ends[stream], sizes[stream]
-                touched.pop(stream, None)
+        text = line[record.end() :]
+        head = line[: record.start(2)] + b"F" + line[record.start(2) + 1 : record.end()]
+        pieces = chains.get(stream)
+        if tag == b"F" and pieces is None:
+            continue
+        if pieces is None:
+            pieces = chains[stream] = _Chain()
+        pieces.parts.append(text)
+        pieces.size += len(text)
+        pieces.touched.append(index)
+        if tag == b"F" or pieces.size >= MAX_LINE_BYTES:  # finished, or as long as a line may be: given here
+            lines[index] = head + b"".join(pieces.parts)
+            del chains[stream]
         else:
-            ends.pop(stream, None)
-            sizes.pop(stream, None)
-            touched.pop(stream, None)
-    for stream in ends:  # not finished in this block: as they were
-        for index in touched.get(stream, ()):
+            lines[index] = b""
+            pieces.anchor, pieces.head = index, line[: record.end()]
+    for pieces in chains.values():  # not finished in this block: as they were
+        for index in pieces.touched:
             lines[index] = original[index]
     return b"\n".join(lines)
-
-
-def record_end(line: bytes) -> int:
-    """Where a line's text begins after its record header (0 for a line split off by a carriage return)."""
-    record = _RECORD.match(line)
-    return record.end() if record else 0
 
 
 def join_partial_blocks(blocks: Iterable[bytes]) -> Iterator[bytes]:
     """Blocks of whole lines with every cut line joined, pieces that span blocks included.
 
-    The pieces of a line not finished at a block's end, and what follows
-    them, wait for the next block (at most :data:`MAX_HELD_BYTES`); the last
-    block's unfinished pieces come as they are.
+    A stream is taken for a container log when its first block has a record
+    near its start; any other (a program's own output, a pasted log) passes
+    through untouched, at no cost.  The pieces of a line not finished at a
+    block's end, and what follows them, wait for the next block (at most
+    :data:`MAX_HELD_BYTES`); the last block's unfinished pieces come as they
+    are.
     """
+    stream = iter(blocks)
+    for first in stream:
+        if not first.strip():
+            yield first
+            continue
+        if _ANY_RECORD.search(first, 0, LOOK_BYTES) is None:
+            yield first
+            yield from stream
+            return
+        yield from _joined(first, stream)
+        return
+
+
+def _joined(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
     held = b""
-    for read in blocks:
+    for read in chain((first,), rest):
         block = held + read if held else read
         at = unfinished_at(block)
         if at is not None and len(block) - at <= MAX_HELD_BYTES:

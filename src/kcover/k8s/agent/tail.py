@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from kcover.collect.partial_lines import unfinished_at
+from kcover.collect.partial_lines import unfinished
 from kcover.k8s.agent.rotation import Retry, newest_stamp, unread_renamed
 
 READ_LIMIT = 1 << 20
@@ -172,6 +172,7 @@ class Tailer:
                     cursor = None
                 if cursor is None or info.st_size < cursor.offset:  # new, or truncated in place
                     cursor = self.cursors[key] = Cursor(inode=info.st_ino, after=newest_stamp(path))
+                    self.waiting.pop(key, None)  # a hold was in the file before
                 if info.st_size == cursor.offset:
                     return None
                 stream.seek(cursor.offset)
@@ -187,14 +188,20 @@ class Tailer:
         only one: the next read gives them as they are, joined or not
         (containerd writes the last words of a container that died mid-line as
         a piece, and CRI-O a piece for each write without a line break, a
-        progress bar's every redraw).  A read that is all pieces is given too.
+        progress bar's every redraw), and holds only pieces that began after
+        them.  A read that is all pieces is given too.
         """
-        at = unfinished_at(data)
-        if at is None or self.waiting.get(key) == offset + at or (at == 0 and len(data) >= READ_LIMIT):
+        found = unfinished(data)
+        if found is not None and self.waiting.get(key) == offset + found[0]:  # they waited one poll: given
+            released = found[0]
+            found = unfinished(data, since=released + 1)
+            if found is not None and found[1] <= released:  # later pieces interleaved with them: all given
+                found = None
+        if found is None or (found[1] == 0 and len(data) >= READ_LIMIT):
             self.waiting.pop(key, None)
             return data
-        self.waiting[key] = offset + at
-        return data[:at]
+        self.waiting[key] = offset + found[0]
+        return data[: found[1]]
 
     def _read_rotated(self, key: str, path: Path, cursor: Cursor) -> tuple[bytes, int] | None:
         """Lines of the files ``path`` was rotated into that were not read yet; None when none are left."""
