@@ -37,7 +37,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 PREFIX = "kcover-pod: "
-_FIELD = re.compile(r"([a-z-]+)=(\S+)")
+_FIELD = re.compile(r"(?<!\S)([a-z][a-z-]{0,39})=(\S+)")
+"""A ``name=value`` field: a name starts a word, so a long run of letters is read once, never again from each of
+its letters (``[a-z-]+=`` took 33 s on a 100 KB line with no ``=``)."""
 _REASON = re.compile(r" reason=(.*)$")
 MAX_GENERATION = 10**9
 

@@ -32,9 +32,9 @@ from kcover.faults import NO_PROGRESS_RULE, Category, Evidence, Fault, Severity
 
 MAX_DISTINCT = 20
 MAX_EXCUSED_REPEATS = 8
+"""A fault seen more often than this is never excused: a flood is not one line logged on the way out."""
 MAX_PROGRESS = 16384
 """Distinct collective-timeout progress reports kept (:mod:`kcover.classify.laggards`), per job."""
-"""A fault seen more often than this is never excused: a flood is not one line logged on the way out."""
 
 
 def fault_from_rule(rule: Rule, evidence: Evidence, count: int = 1) -> Fault:

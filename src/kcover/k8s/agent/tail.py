@@ -172,7 +172,7 @@ class Tailer:
                     cursor = None
                 if cursor is None or info.st_size < cursor.offset:  # new, or truncated in place
                     cursor = self.cursors[key] = Cursor(inode=info.st_ino, after=newest_stamp(path))
-                    self.waiting.pop(key, None)  # a hold was in the file before
+                    self.waiting.pop(key, None)  # a hold in the file before counts no more
                 if info.st_size == cursor.offset:
                     return None
                 stream.seek(cursor.offset)
