@@ -81,10 +81,6 @@ class Laggards:
     """Named by ``monitored_barrier``, proved by their own numbers, or suspects (no sign of waiting)."""
     nodes: tuple[str, ...] = ()
 
-    @property
-    def proved(self) -> bool:
-        return self.how != "silent"
-
     def describe(self) -> str:
         who = _ranks_text(self.ranks) + (f" on {', '.join(self.nodes)}" if self.nodes else "")
         where = f"collective {self.collective}" if self.collective is not None else "the collective"
