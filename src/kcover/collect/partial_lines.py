@@ -28,8 +28,10 @@ from itertools import chain
 
 from kcover.collect.lines import MAX_LINE_BYTES
 
-_RECORD = re.compile(rb"^\d{4}-\d\d-\d\dT[\d:.]+(?:Z|[+-]\d\d:\d\d) (stdout|stderr) ([FP])(?: |$)")
-_ANY_RECORD = re.compile(rb"(?m)^\d{4}-\d\d-\d\dT[\d:.]+(?:Z|[+-]\d\d:\d\d) std(?:out|err) [FP]")
+_STAMP = rb"\d{4}-\d\d-\d\dT[\d:.]+(?:Z|[+-]\d\d:\d\d)"
+"""The time a record of the kubelet's log format starts with (RFC 3339, nanoseconds)."""
+_RECORD = re.compile(rb"^" + _STAMP + rb" (stdout|stderr) ([FP])(?: |$)")
+_ANY_RECORD = re.compile(rb"(?m)^" + _STAMP + rb" std(?:out|err) [FP]")
 _PIECE_MARKS = (b"out P ", b"err P ")
 MAX_HELD_BYTES = 4 * MAX_LINE_BYTES
 """Bytes held back waiting for a line's last piece, other lines between its pieces included."""
